@@ -1,0 +1,39 @@
+# The two commands of the README's quick start, and what they stand on.
+# A fresh machine needs only python3 (>= 3.10) with venv, and make.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# Which extras `make serve` installs: add cuda12 or cuda13 on a GPU host,
+# e.g. `make serve EXTRAS=server,cuda12`.
+EXTRAS ?= server
+
+.PHONY: serve test lint bench calibrate clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+# Installs what is needed and runs a worked example of the core library (the
+# HTTP service replaces this once it lands).
+serve: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(BIN)/python -m lu_core
+
+# Installs the project with its dev extras, checks lint and format, runs every test.
+test: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest
+
+bench: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m bench.core_cpu
+
+calibrate: $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m bench.calibrate_cpu
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info

@@ -1,0 +1,38 @@
+"""PyTorch-exact LU factorization, unpacking and solves, batched, on CPU and GPU.
+
+NumPy arrays are computed on the CPU, CuPy arrays on the GPU; results come
+back on the device they came from. See :mod:`lu_core._api` for conventions.
+"""
+
+from __future__ import annotations
+
+from lu_core._api import lu, lu_factor, lu_factor_ex, lu_solve, lu_unpack, pivots_to_permutation, solve
+from lu_core._errors import (
+    DeviceMismatchError,
+    DTypeError,
+    InvalidInputError,
+    LinAlgError,
+    PivotError,
+    ShapeError,
+    SingularMatrixError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DTypeError",
+    "DeviceMismatchError",
+    "InvalidInputError",
+    "LinAlgError",
+    "PivotError",
+    "ShapeError",
+    "SingularMatrixError",
+    "__version__",
+    "lu",
+    "lu_factor",
+    "lu_factor_ex",
+    "lu_solve",
+    "lu_unpack",
+    "pivots_to_permutation",
+    "solve",
+]

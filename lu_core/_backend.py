@@ -1,0 +1,74 @@
+"""What a backend implements, and which backend a call goes to.
+
+The public layer (``lu_core._api``) validates metadata, then hands arrays of a
+supported dtype to one backend picked from the data: CuPy arrays go to the GPU
+backend, everything else (NumPy arrays, lists, objects with ``__array__``) to
+the CPU backend. Mixing the two is an error: nothing moves between devices
+silently.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from lu_core._errors import DeviceMismatchError
+
+
+class Backend(Protocol):
+    """Operations on validated arrays; shapes are ``(*batch, m, n)``."""
+
+    name: str
+
+    def asarray(self, x: Any, argument: str) -> Any:
+        """``x`` as this backend's array type, without moving devices."""
+
+    def astype(self, x: Any, dtype: np.dtype) -> Any:
+        """``x`` in ``dtype`` (no copy when it already is)."""
+
+    def check_pivots(self, pivots: Any, m: int) -> Any:
+        """Raise :class:`~lu_core.PivotError` unless every pivot is in ``[1, m]``;
+        return them 0-based, int32, contiguous, shape ``(batch, k)``."""
+
+    def lu_factor_ex(self, a: Any, pivot: bool) -> tuple[Any, Any, Any]:
+        """``(LU, pivots (1-based int32), info (int32, batch shape))``."""
+
+    def lu_unpack(self, lu: Any, piv0: Any | None, unpack_data: bool) -> tuple[Any, Any, Any]:
+        """``(P, L, U)``; ``P`` is None when ``piv0`` is None, ``L``/``U`` when not
+        ``unpack_data``. ``piv0`` comes from :meth:`check_pivots`."""
+
+    def lu_solve(
+        self, lu: Any, piv0: Any, b: Any, lu_index: np.ndarray, out_batch: tuple[int, ...], left: bool, adjoint: bool
+    ) -> Any:
+        """Solve problem ``t`` of the flattened ``out_batch`` with factorization
+        ``lu_index[t]`` of the flattened LU batch; ``b`` broadcasts to ``out_batch``."""
+
+    def pivots_to_permutation(self, piv0: Any, m: int) -> Any:
+        """int32 row orders, shape ``(batch, m)``."""
+
+    def nonzero_info(self, info: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Host arrays of the flat indices with ``info != 0`` and their values."""
+
+
+def _is_cupy(x: Any) -> bool:
+    return type(x).__module__.split(".", 1)[0] == "cupy"
+
+
+def backend_for(*arrays: Any) -> Backend:
+    """The backend that owns the data of ``arrays`` (``None`` entries are ignored)."""
+    present = [a for a in arrays if a is not None]
+    on_gpu = [_is_cupy(a) for a in present]
+    if any(on_gpu):
+        if not all(on_gpu):
+            raise DeviceMismatchError(
+                "arguments",
+                "got both CuPy (GPU) and host arrays; move them to one device first "
+                "(cupy.asarray(...) or cupy.asnumpy(...))",
+            )
+        from lu_core._gpu.backend import GPU_BACKEND
+
+        return GPU_BACKEND
+    from lu_core._cpu.backend import CPU_BACKEND
+
+    return CPU_BACKEND

@@ -1,0 +1,84 @@
+"""Per-matrix LAPACK (through SciPy) over a batch of large matrices.
+
+Each matrix is big enough that a call's overhead is noise, so the batch is cut
+into one contiguous chunk per core and the chunks run on a thread pool (SciPy's
+LAPACK wrappers release the GIL); BLAS is held to one thread meanwhile so the
+cores are not oversubscribed. A single matrix keeps BLAS's own threading.
+
+Arrays follow the CPU backend's storage: ``s[b]`` is the transposed matrix,
+so ``s[b].T`` is the Fortran-ordered matrix LAPACK wants, with no copy.
+Pivots here are LAPACK's as SciPy gives them: 0-based int32.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from scipy.linalg import get_lapack_funcs
+from threadpoolctl import ThreadpoolController
+
+_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+_controller: ThreadpoolController | None = None
+
+
+def _workers() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _run_chunked(task: Callable[[int, int], None], count: int) -> None:
+    global _pool, _controller
+    workers = min(_workers(), count)
+    if workers <= 1:
+        task(0, count)
+        return
+    with _lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="lu_core-lapack")
+            _controller = ThreadpoolController()
+    bounds = np.linspace(0, count, workers + 1).astype(int)
+    assert _controller is not None
+    with _controller.limit(limits=1, user_api="blas"):
+        futures = [_pool.submit(task, int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds)]
+        for f in futures:
+            f.result()
+
+
+def getrf(s: np.ndarray, piv0: np.ndarray, info: np.ndarray) -> None:
+    """Factor every ``s[b].T`` in place with ``?getrf``."""
+    (fn,) = get_lapack_funcs(("getrf",), dtype=s.dtype)
+
+    def task(lo: int, hi: int) -> None:
+        for b in range(lo, hi):
+            view = s[b].T
+            lu, p, inf = fn(view, overwrite_a=1)
+            if not np.shares_memory(lu, view):  # pragma: no cover - SciPy copied
+                view[...] = lu
+            piv0[b] = p
+            info[b] = inf
+
+    _run_chunked(task, s.shape[0])
+
+
+def getrs(s: np.ndarray, piv0: np.ndarray, lu_index: np.ndarray, w: np.ndarray, trans: int) -> None:
+    """Solve in place on ``w[t].T`` with factorization ``lu_index[t]``;
+    ``trans`` is 0 (A), 1 (A^T) or 2 (A^H)."""
+    (fn,) = get_lapack_funcs(("getrs",), dtype=s.dtype)
+
+    def task(lo: int, hi: int) -> None:
+        for t in range(lo, hi):
+            j = lu_index[t]
+            rhs = w[t].T
+            x, _ = fn(s[j].T, piv0[j], rhs, trans=trans, overwrite_b=1)
+            if not np.shares_memory(x, rhs):  # pragma: no cover - SciPy copied
+                rhs[...] = x
+
+    _run_chunked(task, w.shape[0])

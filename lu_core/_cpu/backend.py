@@ -1,0 +1,183 @@
+"""The CPU backend: NumPy arrays in, NumPy arrays out.
+
+Small matrices go through the batched Numba kernels in ``_kernels`` (no Python
+loop per matrix); large ones through LAPACK per matrix in ``_lapack``. The
+switch points live in ``_tuning``.
+
+Storage: factorizations are produced column-major per matrix (``LU[b]`` is
+Fortran-ordered, like LAPACK and PyTorch), which is what both the kernels and
+LAPACK read without copying. An LU given in another layout is converted once
+per distinct matrix, never once per broadcast problem.
+
+Pivot bases: outside, LAPACK's 1-based int32; inside, 0-based. ``check_pivots``
+converts in (``- 1``) and ``lu_factor_ex`` converts out (``+ 1``); nothing else
+touches the base.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from lu_core._cpu import _kernels, _lapack, _tuning
+from lu_core._errors import DTypeError, PivotError
+
+# Numba's default ``workqueue`` threading layer must not be entered by two
+# threads at once; every parallel kernel call goes through this lock.
+_kernel_lock = threading.Lock()
+
+
+def _transposed(a3: np.ndarray) -> np.ndarray:
+    """``s`` with ``s[b] == a3[b].T``, C-contiguous; a view when ``a3`` is
+    already column-major per matrix, else one tiled transposing copy."""
+    st = a3.swapaxes(1, 2)
+    if st.flags.c_contiguous:
+        return st
+    src = np.ascontiguousarray(a3)
+    out = np.empty(st.shape, dtype=a3.dtype)
+    with _kernel_lock:
+        _kernels.transpose_into(src, out)
+    return out
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def asarray(self, x: Any, argument: str) -> np.ndarray:
+        try:
+            return np.asarray(x)
+        except (TypeError, ValueError) as exc:
+            raise DTypeError(argument, f"cannot be read as an array: {exc}") from None
+
+    def astype(self, x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        return x.astype(dtype, copy=False)
+
+    def check_pivots(self, pivots: np.ndarray, m: int) -> np.ndarray:
+        k = pivots.shape[-1]
+        flat = pivots.reshape(-1, k) if pivots.size else np.empty((int(np.prod(pivots.shape[:-1])), k), np.int32)
+        if flat.size:
+            bad = (flat < 1) | (flat > m)
+            if bad.any():
+                first = int(np.flatnonzero(bad.reshape(-1))[0])
+                where = np.unravel_index(first, pivots.shape)
+                value = int(flat.reshape(-1)[first])
+                raise PivotError(
+                    "pivots",
+                    f"value {value} at index {tuple(int(i) for i in where)} is outside [1, {m}] "
+                    "(pivots are LAPACK's 1-based row indices)",
+                )
+        piv0 = flat.astype(np.int32)  # always a copy: the caller's pivots are never modified
+        piv0 -= 1  # LAPACK 1-based -> 0-based, the one place in
+        return piv0
+
+    def lu_factor_ex(self, a: np.ndarray, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        batch, (m, n) = a.shape[:-2], a.shape[-2:]
+        nb, k = int(np.prod(batch)), min(m, n)
+        a3 = a.reshape(nb, m, n)
+        # The factorization is written into fresh storage: the input is never modified.
+        st = a3.swapaxes(1, 2)
+        s = st.copy() if st.flags.c_contiguous else _transposed(a3)
+        piv = np.empty((nb, k), dtype=np.int32)
+        info = np.zeros(nb, dtype=np.int32)
+        if nb and k:
+            if pivot and max(m, n) > _tuning.FACTOR_KERNEL_MAX_N:
+                _lapack.getrf(s, piv, info)
+            else:
+                with _kernel_lock:
+                    _kernels.getrf(s, piv, info, pivot)
+        piv += 1  # 0-based -> LAPACK 1-based, the one place out
+        lu = s.swapaxes(1, 2).reshape(*batch, m, n)
+        return lu, piv.reshape(*batch, k), info.reshape(batch)
+
+    def lu_unpack(
+        self, lu: np.ndarray, piv0: np.ndarray | None, unpack_data: bool
+    ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        batch, (m, n) = lu.shape[:-2], lu.shape[-2:]
+        nb, k = int(np.prod(batch)), min(m, n)
+        p_mat = l_mat = u_mat = None
+        if piv0 is not None:
+            perm = np.empty((nb, m), dtype=np.int32)
+            p_mat = np.empty((nb, m, m), dtype=lu.dtype)
+            with _kernel_lock:
+                _kernels.permutations(piv0, m, perm)
+                _kernels.scatter_permutation(perm, p_mat)
+            p_mat = p_mat.reshape(*batch, m, m)
+        if unpack_data:
+            lu3 = lu.reshape(nb, m, n)
+            st = lu3.swapaxes(1, 2)
+            if st.flags.c_contiguous:
+                # Column-major LU: L^T is the strict upper part of st (unit
+                # diagonal) and U^T its lower part, so split st with the roles
+                # swapped and hand back column-major L and U.
+                ut = np.empty((nb, n, k), dtype=lu.dtype)
+                lt = np.empty((nb, k, m), dtype=lu.dtype)
+                with _kernel_lock:
+                    _kernels.split_triangles(st, ut, lt, False)
+                l_mat, u_mat = lt.swapaxes(1, 2), ut.swapaxes(1, 2)
+            else:
+                src = np.ascontiguousarray(lu3)
+                l_mat = np.empty((nb, m, k), dtype=lu.dtype)
+                u_mat = np.empty((nb, k, n), dtype=lu.dtype)
+                with _kernel_lock:
+                    _kernels.split_triangles(src, l_mat, u_mat, True)
+            l_mat = l_mat.reshape(*batch, m, k)
+            u_mat = u_mat.reshape(*batch, k, n)
+        return p_mat, l_mat, u_mat
+
+    def lu_solve(
+        self,
+        lu: np.ndarray,
+        piv0: np.ndarray,
+        b: np.ndarray,
+        lu_index: np.ndarray,
+        out_batch: tuple[int, ...],
+        left: bool,
+        adjoint: bool,
+    ) -> np.ndarray:
+        n = lu.shape[-1]
+        nlu = int(np.prod(lu.shape[:-2]))
+        s = _transposed(lu.reshape(nlu, n, n))
+        complex_ = np.iscomplexobj(lu)
+        # Right-hand sides are kept as rows of w: w[t, r, :] is column r of the
+        # system's right-hand side, so each one is contiguous for the solvers.
+        conj_io = False
+        if left:
+            rhs = b.swapaxes(-1, -2)
+            trans = (2 if complex_ else 1) if adjoint else 0
+        else:
+            # X A = B  <=>  A^T X^T = B^T;  X A^H = B  <=>  A conj(X)^T = conj(B)^T.
+            rhs = b
+            trans = 0 if adjoint else 1
+            conj_io = adjoint and complex_
+        nrhs = rhs.shape[-2]
+        w = np.empty((*out_batch, nrhs, n), dtype=lu.dtype)
+        np.copyto(w, np.broadcast_to(rhs, w.shape))
+        w3 = w.reshape(-1, nrhs, n)
+        if conj_io:
+            np.conjugate(w3, out=w3)
+        if w3.size:
+            kernel = n <= _tuning.SOLVE_KERNEL_MAX_N and n * nrhs <= _tuning.SOLVE_KERNEL_MAX_WORK
+            if kernel:
+                with _kernel_lock:
+                    _kernels.getrs(s, piv0, lu_index, w3, trans)
+            else:
+                _lapack.getrs(s, piv0, lu_index, w3, trans)
+        if conj_io:
+            np.conjugate(w3, out=w3)
+        return w.swapaxes(-1, -2) if left else w
+
+    def pivots_to_permutation(self, piv0: np.ndarray, m: int) -> np.ndarray:
+        perm = np.empty((piv0.shape[0], m), dtype=np.int32)
+        with _kernel_lock:
+            _kernels.permutations(piv0, m, perm)
+        return perm
+
+    def nonzero_info(self, info: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        flat = info.reshape(-1)
+        idx = np.flatnonzero(flat)
+        return idx, flat[idx]
+
+
+CPU_BACKEND = CpuBackend()
