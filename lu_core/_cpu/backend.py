@@ -154,7 +154,7 @@ class CpuBackend:
         nrhs = rhs.shape[-2]
         w = np.empty((*out_batch, nrhs, n), dtype=lu.dtype)
         np.copyto(w, np.broadcast_to(rhs, w.shape))
-        w3 = w.reshape(-1, nrhs, n)
+        w3 = w.reshape(int(np.prod(out_batch)), nrhs, n)
         if conj_io:
             np.conjugate(w3, out=w3)
         if w3.size:

@@ -1,0 +1,144 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lu_core
+from lu_core import _reference
+from tests.helpers import DTYPES, assert_close, cpu_path, random_matrix, well_conditioned
+
+# (LU batch, B batch, n, nrhs)
+CASES = [
+    ((), (), 1, 1),
+    ((), (), 5, 3),
+    ((), (), 0, 2),
+    ((), (), 4, 0),
+    ((3,), (3,), 4, 2),
+    ((2, 1), (3,), 3, 2),  # broadcast both ways -> (2, 3)
+    ((), (4,), 6, 1),  # one LU for many right-hand sides
+    ((4,), (), 6, 1),
+    ((0,), (1,), 3, 1),
+    ((2,), (2,), 70, 5),
+]
+
+
+def _op(A, left, adjoint):
+    return A.conj().swapaxes(-1, -2) if adjoint else A
+
+
+@pytest.mark.parametrize("path", ["kernel", "lapack"])
+@pytest.mark.parametrize("adjoint", [False, True])
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_residual(rng, case, dtype, left, adjoint, path):
+    lu_batch, b_batch, n, nrhs = case
+    A = well_conditioned(rng, (*lu_batch, n, n), dtype)
+    B = random_matrix(rng, (*b_batch, n, nrhs) if left else (*b_batch, nrhs, n), dtype)
+    with cpu_path(path):
+        LU, piv = lu_core.lu_factor(A)
+        X = lu_core.lu_solve(LU, piv, B, left=left, adjoint=adjoint)
+    out_batch = np.broadcast_shapes(lu_batch, b_batch)
+    assert X.shape == (*out_batch, *B.shape[-2:]) and X.dtype == np.dtype(dtype)
+    opA = _op(A, left, adjoint)
+    AX = opA @ X if left else X @ opA
+    assert_close(AX, np.broadcast_to(B, AX.shape), dtype, n, scale=max(1.0, float(np.abs(B).max(initial=0))))
+
+
+@pytest.mark.parametrize("adjoint", [False, True])
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_matches_reference(rng, dtype, left, adjoint):
+    A = well_conditioned(rng, (2, 1, 5, 5), dtype)
+    B = random_matrix(rng, (3, 5, 2) if left else (3, 2, 5), dtype)
+    LU, piv = lu_core.lu_factor(A)
+    X = lu_core.lu_solve(LU, piv, B, left=left, adjoint=adjoint)
+    X_ref = _reference.lu_solve(LU, piv, B, left=left, adjoint=adjoint)
+    assert_close(X, X_ref, dtype, 5)
+
+
+def test_complex_adjoint_is_conjugate_transpose(rng):
+    A = well_conditioned(rng, (4, 4), np.complex128)
+    B = random_matrix(rng, (4, 2), np.complex128)
+    LU, piv = lu_core.lu_factor(A)
+    X = lu_core.lu_solve(LU, piv, B, adjoint=True)
+    np.testing.assert_allclose(A.conj().T @ X, B, atol=1e-12)
+    assert not np.allclose(A.T @ X, B)
+
+
+def test_factor_from_c_ordered_lu(rng):
+    # An LU that arrives C-ordered (e.g. decoded from JSON) solves the same.
+    A = well_conditioned(rng, (3, 80, 80), np.float64)
+    B = rng.standard_normal((3, 80, 2))
+    LU, piv = lu_core.lu_factor(A)
+    X_f = lu_core.lu_solve(LU, piv, B)
+    X_c = lu_core.lu_solve(np.ascontiguousarray(LU), piv.astype(np.int64), B)
+    np.testing.assert_allclose(X_f, X_c, rtol=1e-13)
+
+
+def test_inputs_not_modified(rng):
+    A = well_conditioned(rng, (2, 6, 6), np.float64)
+    B = rng.standard_normal((6, 1))  # a view-prone shape: (6, 1) transposed is contiguous
+    LU, piv = lu_core.lu_factor(A)
+    saved = LU.copy(), piv.copy(), B.copy()
+    lu_core.lu_solve(LU, piv, B)
+    lu_core.lu_solve(LU, piv, B.T, left=False)
+    for after, before in zip((LU, piv, B), saved, strict=True):
+        np.testing.assert_array_equal(after, before)
+
+
+def test_dtype_promotion(rng):
+    A = well_conditioned(rng, (3, 3), np.float32)
+    LU, piv = lu_core.lu_factor(A)
+    X = lu_core.lu_solve(LU, piv, np.ones((3, 1)))
+    assert X.dtype == np.float64
+    Xc = lu_core.lu_solve(LU, piv, np.ones((3, 1), np.complex64))
+    assert Xc.dtype == np.complex64
+
+
+def test_singular_lu_gives_non_finite_not_error():
+    LU, piv, _ = lu_core.lu_factor_ex(np.zeros((2, 2)))
+    with np.errstate(all="ignore"):
+        X = lu_core.lu_solve(LU, piv, np.ones((2, 1)))
+    assert not np.isfinite(X).all()
+
+
+class TestSolve:
+    @pytest.mark.parametrize("dtype", DTYPES)
+    def test_matrix_and_vector(self, rng, dtype):
+        A = well_conditioned(rng, (3, 4, 4), dtype)
+        B = random_matrix(rng, (3, 4, 2), dtype)
+        X = lu_core.solve(A, B)
+        assert_close(A @ X, B, dtype, 4, scale=float(np.abs(B).max()))
+        b = random_matrix(rng, (3, 4), dtype)  # B.shape == A.shape[:-1]: batch of vectors
+        x = lu_core.solve(A, b)
+        assert x.shape == (3, 4)
+        assert_close(np.einsum("bij,bj->bi", A, x), b, dtype, 4, scale=float(np.abs(b).max()))
+        v = random_matrix(rng, (4,), dtype)  # 1-D: one vector for every matrix
+        assert lu_core.solve(A, v).shape == (3, 4)
+
+    def test_right_side(self, rng):
+        A = well_conditioned(rng, (2, 5, 5), np.float64)
+        B = rng.standard_normal((2, 3, 5))
+        X = lu_core.solve(A, B, left=False)
+        np.testing.assert_allclose(X @ A, B, atol=1e-12)
+        v = rng.standard_normal(5)
+        x = lu_core.solve(A, v, left=False)
+        np.testing.assert_allclose(np.einsum("bi,bij->bj", x, A), np.broadcast_to(v, (2, 5)), atol=1e-12)
+
+    def test_broadcast_factors_each_a_once(self, rng):
+        A = well_conditioned(rng, (5, 5), np.float64)
+        B = rng.standard_normal((7, 2, 5, 1))
+        X = lu_core.solve(A, B)
+        assert X.shape == (7, 2, 5, 1)
+        np.testing.assert_allclose(A @ X, B, atol=1e-12)
+
+    def test_singular_raises_naming_batch_index(self, rng):
+        A = well_conditioned(rng, (3, 3, 3), np.float64)
+        A[1] = 0
+        with pytest.raises(lu_core.SingularMatrixError) as excinfo:
+            lu_core.solve(A, np.ones((3, 3, 1)))
+        assert excinfo.value.indices == [(1,)]
+        with np.errstate(all="ignore"):
+            X = lu_core.solve(A, np.ones((3, 3, 1)), check_errors=False)
+        assert np.isfinite(X[0]).all() and not np.isfinite(X[1]).all()
