@@ -47,7 +47,7 @@ def test_entries_not_asked_for_are_none(rng, data, pivots):
 def test_outputs_do_not_alias_input(rng):
     LU, piv = lu_core.lu_factor(rng.standard_normal((3, 4, 4)))
     before = LU.copy()
-    P, L, U = lu_core.lu_unpack(LU, piv)
+    _P, L, U = lu_core.lu_unpack(LU, piv)
     L[...] = 7
     U[...] = 7
     np.testing.assert_array_equal(LU, before)

@@ -1,0 +1,187 @@
+"""Every error path of every public function: clear errors, named arguments,
+nothing modified."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lu_core
+from lu_core import DTypeError, PivotError, ShapeError
+
+
+def _square(n=3, batch=()):
+    return np.eye(n) + np.zeros((*batch, n, n))
+
+
+def test_hierarchy():
+    for cls in (ShapeError, DTypeError, PivotError, lu_core.DeviceMismatchError, lu_core.SingularMatrixError):
+        assert issubclass(cls, lu_core.LinAlgError)
+        assert issubclass(cls, ValueError)
+
+
+FACTORS = [lu_core.lu_factor, lu_core.lu_factor_ex, lu_core.lu]
+
+
+@pytest.mark.parametrize("fn", FACTORS)
+@pytest.mark.parametrize("A", [np.float64(1.0), np.ones(3), []], ids=["0d", "1d", "empty-list"])
+def test_factor_wrong_rank(fn, A):
+    with pytest.raises(ShapeError, match="^A: expected a matrix"):
+        fn(A)
+
+
+@pytest.mark.parametrize("fn", FACTORS)
+@pytest.mark.parametrize(
+    "A",
+    [
+        np.ones((2, 2), np.float16),
+        np.ones((2, 2), bool),
+        np.array([["a", "b"], ["c", "d"]]),
+        np.array([[1, None], [2, 3]], dtype=object),
+        np.ones((2, 2), np.longdouble),
+    ],
+    ids=["float16", "bool", "str", "object", "longdouble"],
+)
+def test_factor_unsupported_dtype(fn, A):
+    with pytest.raises(DTypeError, match="^A: unsupported dtype"):
+        fn(A)
+
+
+def test_ragged_input():
+    with pytest.raises(DTypeError, match="^A: cannot be read as an array"):
+        lu_core.lu_factor([[1.0, 2.0], [3.0]])
+
+
+class TestUnpack:
+    def test_wrong_rank(self):
+        with pytest.raises(ShapeError, match="^LU: expected a matrix"):
+            lu_core.lu_unpack(np.ones(3), np.ones(1, int))
+        with pytest.raises(ShapeError, match="^pivots: expected at least one dimension"):
+            lu_core.lu_unpack(np.ones((3, 3)), np.int32(1))
+
+    @pytest.mark.parametrize("shape", [(2,), (3, 3), (4,), (1, 3)])
+    def test_pivots_shape_mismatch(self, shape):
+        with pytest.raises(ShapeError, match=r"^pivots: expected shape \(3,\)"):
+            lu_core.lu_unpack(np.ones((3, 3)), np.ones(shape, int))
+
+    def test_rectangular_pivot_shape(self):
+        with pytest.raises(ShapeError, match=r"expected shape \(2, 3\)"):
+            lu_core.lu_unpack(np.ones((2, 5, 3)), np.ones((2, 5), int))
+
+    @pytest.mark.parametrize("bad", [0, -1, 4, 2**31 - 1])
+    def test_pivots_out_of_range(self, bad):
+        piv = np.array([[1, 2, 3], [2, bad, 3]], dtype=np.int64)
+        saved = piv.copy()
+        with pytest.raises(PivotError, match=rf"^pivots: value {bad} at index \(1, 1\) is outside \[1, 3\]"):
+            lu_core.lu_unpack(_square(3, (2,)), piv)
+        np.testing.assert_array_equal(piv, saved)
+        with pytest.raises(PivotError):
+            lu_core.lu_unpack(_square(3, (2,)), piv, unpack_pivots=False)
+
+    def test_tall_lu_pivots_may_reach_m(self):
+        P, _, _ = lu_core.lu_unpack(np.ones((5, 2)), np.array([5, 4]))
+        assert P.shape == (5, 5)
+
+    @pytest.mark.parametrize("dtype", [np.float64, np.float32, bool, np.complex64])
+    def test_pivots_dtype(self, dtype):
+        with pytest.raises(DTypeError, match="^pivots: pivots must have an integer dtype"):
+            lu_core.lu_unpack(_square(), np.ones(3, dtype))
+
+    def test_lu_dtype(self):
+        with pytest.raises(DTypeError, match="^LU: unsupported dtype"):
+            lu_core.lu_unpack(np.ones((2, 2), np.float16), np.ones(2, int))
+
+
+class TestLuSolve:
+    def setup_method(self):
+        self.LU, self.piv = lu_core.lu_factor(_square(3, (2,)))
+
+    def test_non_square(self):
+        with pytest.raises(ShapeError, match="^LU: expected square matrices"):
+            lu_core.lu_solve(np.ones((3, 4)), np.ones(3, int), np.ones((3, 1)))
+
+    def test_b_rank(self):
+        with pytest.raises(ShapeError, match="^B: expected a matrix"):
+            lu_core.lu_solve(self.LU, self.piv, np.ones(3))
+
+    @pytest.mark.parametrize(("left", "shape", "what"), [(True, (2, 4, 1), "3 rows"), (False, (2, 1, 4), "3 columns")])
+    def test_b_mismatch(self, left, shape, what):
+        with pytest.raises(ShapeError, match=f"^B: expected {what}"):
+            lu_core.lu_solve(self.LU, self.piv, np.ones(shape), left=left)
+
+    def test_batch_not_broadcastable(self):
+        with pytest.raises(ShapeError, match=r"^LU, B: batch dimensions \(2,\) and \(3,\) cannot be broadcast"):
+            lu_core.lu_solve(self.LU, self.piv, np.ones((3, 3, 1)))
+
+    def test_pivots_batch_must_match_lu(self):
+        with pytest.raises(ShapeError, match="^pivots: expected shape"):
+            lu_core.lu_solve(self.LU, self.piv[:1], np.ones((2, 3, 1)))
+
+    @pytest.mark.parametrize("bad", [0, 4, -7])
+    def test_pivots_out_of_range(self, bad):
+        piv = self.piv.copy()
+        piv[1, 2] = bad
+        with pytest.raises(PivotError, match=r"index \(1, 2\) is outside \[1, 3\]"):
+            lu_core.lu_solve(self.LU, piv, np.ones((2, 3, 1)))
+
+    def test_b_dtype(self):
+        with pytest.raises(DTypeError, match="^B: unsupported dtype"):
+            lu_core.lu_solve(self.LU, self.piv, np.ones((2, 3, 1), bool))
+
+    def test_nan_and_inf_propagate(self):
+        B = np.array([[[np.nan], [1.0], [1.0]], [[np.inf], [1.0], [1.0]]])
+        with np.errstate(all="ignore"):
+            X = lu_core.lu_solve(self.LU, self.piv, B)
+        assert np.isnan(X[0]).any() and not np.isfinite(X[1]).all()
+
+
+class TestSolve:
+    def test_non_square(self):
+        with pytest.raises(ShapeError, match="^A: expected square matrices"):
+            lu_core.solve(np.ones((2, 3)), np.ones((2, 1)))
+
+    def test_mismatch(self):
+        with pytest.raises(ShapeError, match="^B: expected 3 rows"):
+            lu_core.solve(_square(3), np.ones((4, 1)))
+
+    def test_b_scalar(self):
+        with pytest.raises(ShapeError, match="^B: expected a matrix"):
+            lu_core.solve(_square(3), np.float64(1.0))
+
+    def test_broadcast(self):
+        with pytest.raises(ShapeError, match="cannot be broadcast"):
+            lu_core.solve(_square(3, (2,)), np.ones((3, 3, 1)))
+
+
+class TestPermutation:
+    @pytest.mark.parametrize("m", [-1, 2.5, "3", None, True])
+    def test_bad_m(self, m):
+        with pytest.raises(ShapeError, match="^m: expected a non-negative integer"):
+            lu_core.pivots_to_permutation(np.ones(1, int), m)
+
+    def test_too_many_pivots(self):
+        with pytest.raises(ShapeError, match="more than m = 2"):
+            lu_core.pivots_to_permutation(np.ones(3, int), 2)
+
+    def test_scalar(self):
+        with pytest.raises(ShapeError, match="^pivots: expected at least one dimension"):
+            lu_core.pivots_to_permutation(np.int32(1), 2)
+
+    def test_out_of_range(self):
+        with pytest.raises(PivotError, match="value 3 at index"):
+            lu_core.pivots_to_permutation(np.array([3]), 2)
+
+    def test_float(self):
+        with pytest.raises(DTypeError):
+            lu_core.pivots_to_permutation(np.array([1.0]), 2)
+
+
+class _FakeCupyArray:
+    """Looks like a CuPy array to the dispatcher, without CuPy."""
+
+    __module__ = "cupy._core.core"
+
+
+def test_mixing_devices_is_an_error():
+    with pytest.raises(lu_core.DeviceMismatchError, match="both CuPy"):
+        lu_core.lu_solve(_FakeCupyArray(), np.ones(3, int), np.ones((3, 1)))
