@@ -17,7 +17,9 @@ class Timing:
     runs: int
 
 
-def interleaved(contenders: dict[str, Callable[[], object]], budget_s: float = 3.0, max_rounds: int = 50) -> dict[str, Timing]:
+def interleaved(
+    contenders: dict[str, Callable[[], object]], budget_s: float = 3.0, max_rounds: int = 50
+) -> dict[str, Timing]:
     """Time every contender once per round, rounds interleaved so that noise on a
     shared machine hits all of them alike; medians over the rounds."""
     for fn in contenders.values():  # warm-up: JIT, caches, thread pools
@@ -46,7 +48,7 @@ def machine() -> dict[str, str]:
 
     facts = {
         "python": platform.python_version(),
-        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores, {platform.processor() or 'unknown CPU'}",
+        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores",
         "numpy": numpy.__version__,
         "scipy": scipy.__version__,
         "numba": numba.__version__,

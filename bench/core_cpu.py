@@ -106,9 +106,7 @@ def render(rows: list[dict], facts: dict[str, str]) -> str:
         vo = f"{r['ours'] / other:.2f}×" if other else "n/a"
         lines.append(f"| {r['op']} | {r['case']} | {r['ours'] * 1e3:.2f} ms | {vt} | {vo} | ±{r['spread'] * 50:.0f}% |")
     lines += ["", "Machine: " + "; ".join(f"{k} {v}" for k, v in facts.items()), ""]
-    lines.append(
-        "Absolute times are from a shared 2-core machine and are indicative only; the ratios are the result."
-    )
+    lines.append("Absolute times are from a shared 2-core machine and are indicative only; the ratios are the result.")
     return "\n".join(lines) + "\n"
 
 
