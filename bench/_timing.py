@@ -18,20 +18,30 @@ class Timing:
 
 
 def interleaved(
-    contenders: dict[str, Callable[[], object]], budget_s: float = 3.0, max_rounds: int = 50
+    contenders: dict[str, Callable[[], object]], budget_s: float = 4.0, max_rounds: int = 12, block: int = 3
 ) -> dict[str, Timing]:
-    """Time every contender once per round, rounds interleaved so that noise on a
-    shared machine hits all of them alike; medians over the rounds."""
+    """Time the contenders in alternating blocks of ``block`` back-to-back calls,
+    the order rotated every round, so that noise on a shared machine hits all
+    of them alike; medians over every call.
+
+    Blocks rather than single calls: each library then runs in its own steady
+    state (allocator caches, thread pools), not in the state the previous
+    library left behind. A pause before each block lets OpenMP/OpenBLAS worker
+    threads, which spin for a while after a call, go idle.
+    """
     for fn in contenders.values():  # warm-up: JIT, caches, thread pools
         fn()
     samples: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
     start = time.perf_counter()
     rounds = 0
-    while rounds < max_rounds and (rounds < 5 or time.perf_counter() - start < budget_s):
-        for name, fn in contenders.items():
-            t = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - t)
+    while rounds < max_rounds and (rounds < 3 or time.perf_counter() - start < budget_s):
+        for name in names[rounds % len(names) :] + names[: rounds % len(names)]:
+            time.sleep(0.01)
+            for _ in range(block):
+                t = time.perf_counter()
+                contenders[name]()
+                samples[name].append(time.perf_counter() - t)
         rounds += 1
     out = {}
     for name, xs in samples.items():

@@ -63,14 +63,14 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, dtype: type, n: int, 
 @contextlib.contextmanager
 def cpu_path(kind: str) -> Iterator[None]:
     """Force the CPU backend onto its batched kernels or onto LAPACK."""
-    saved = (_tuning.FACTOR_KERNEL_MAX_N, _tuning.SOLVE_KERNEL_MAX_N, _tuning.SOLVE_KERNEL_MAX_WORK)
-    if kind == "kernel":
-        _tuning.FACTOR_KERNEL_MAX_N = _tuning.SOLVE_KERNEL_MAX_N = _tuning.SOLVE_KERNEL_MAX_WORK = 1 << 30
-    elif kind == "lapack":
-        _tuning.FACTOR_KERNEL_MAX_N = _tuning.SOLVE_KERNEL_MAX_N = _tuning.SOLVE_KERNEL_MAX_WORK = 0
-    else:
+    names = ("FACTOR_KERNEL_MAX_N", "SOLVE_KERNEL_MAX_N", "SOLVE_KERNEL_MAX_WORK", "SOLVE_KERNEL_ALWAYS_N")
+    saved = {name: getattr(_tuning, name) for name in names}
+    if kind not in ("kernel", "lapack"):
         raise ValueError(kind)
+    for name in names:
+        setattr(_tuning, name, 1 << 30 if kind == "kernel" else 0)
     try:
         yield
     finally:
-        _tuning.FACTOR_KERNEL_MAX_N, _tuning.SOLVE_KERNEL_MAX_N, _tuning.SOLVE_KERNEL_MAX_WORK = saved
+        for name, value in saved.items():
+            setattr(_tuning, name, value)

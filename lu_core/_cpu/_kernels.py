@@ -139,30 +139,24 @@ def split_triangles(src, lower, upper, unit_lower):
     With ``kk = min(r, c)``: ``lower`` (``r x kk``) gets the part below the
     diagonal, ``upper`` (``kk x c``) the part above it; the diagonal goes to
     ``upper`` with ones on ``lower``'s diagonal when ``unit_lower``, and the
-    other way round otherwise. Every output element is written exactly once.
+    other way round otherwise. The outputs must arrive zeroed (``np.zeros``:
+    pages the OS has already cleared); only the non-zero parts are written.
     Parallel over all rows of all matrices, so one large matrix also uses
     every core.
     """
     nbatch, r, c = src.shape
     kk = min(r, c)
     one = lower.dtype.type(1)
-    zero = lower.dtype.type(0)
     for row in nb.prange(nbatch * r):
         b = row // r
         i = row - b * r
         x = src[b, i]
         lo = lower[b, i]
-        # lower row i: columns < i from src, diagonal, zeros after.
-        lim = min(i, kk)
-        for j in range(lim):
+        for j in range(min(i, kk)):
             lo[j] = x[j]
         if i < kk:
             lo[i] = one if unit_lower else x[i]
-            for j in range(i + 1, kk):
-                lo[j] = zero
             up = upper[b, i]
-            for j in range(i):
-                up[j] = zero
             up[i] = x[i] if unit_lower else one
             for j in range(i + 1, c):
                 up[j] = x[j]
@@ -187,25 +181,14 @@ def permutations(piv, m, perm):
 
 @nb.njit(**_JIT)
 def scatter_permutation(perm, out):
-    """``out[b]`` = the permutation matrix with ``out[b, perm[b, j], j] = 1``.
-
-    Parallel over all rows of all matrices: row ``perm[j]`` holds its one in
-    column ``j``, so each row is written exactly once from the inverse order.
-    """
+    """``out[b, perm[b, j], j] = 1`` into a zeroed ``out``: one write per column,
+    parallel over all columns of all matrices; the rest stays the OS's zeros."""
     nbatch, m = perm.shape
-    inv = np.empty((nbatch, m), dtype=np.int64)
-    for b in nb.prange(nbatch):
-        for j in range(m):
-            inv[b, perm[b, j]] = j
     one = out.dtype.type(1)
-    zero = out.dtype.type(0)
-    for row in nb.prange(nbatch * m):
-        b = row // m
-        i = row - b * m
-        o = out[b, i]
-        for j in range(m):
-            o[j] = zero
-        o[inv[b, i]] = one
+    for t in nb.prange(nbatch * m):
+        b = t // m
+        j = t - b * m
+        out[b, perm[b, j], j] = one
 
 
 _TILE = 32
@@ -230,3 +213,45 @@ def transpose_into(src, dst):
         for i in range(i0, i1):
             for j in range(j0, j1):
                 dst[b, j, i] = src[b, i, j]
+
+
+@nb.njit(**_JIT)
+def unpack_small(src, lower, upper, unit_lower, piv, p_mat, want_data, want_p):
+    """Fused unpack for small matrices: one pass per matrix, parallel over the
+    batch, everything of a matrix in cache.
+
+    The triangles are split as in :func:`split_triangles`. ``P`` starts as the
+    identity and each pivot swaps two of its columns: column ``j`` holds its
+    one in row ``perm[j]``, and applying a pivot to ``perm`` swaps two entries,
+    so no permutation array is needed. Outputs must arrive zeroed, as in
+    :func:`split_triangles`.
+    """
+    nbatch, r, c = src.shape
+    kk = min(r, c)
+    m = p_mat.shape[1]
+    one = src.dtype.type(1)
+    for b in nb.prange(nbatch):
+        if want_data:
+            x = src[b]
+            lo = lower[b]
+            up = upper[b]
+            for i in range(r):
+                for j in range(min(i, kk)):
+                    lo[i, j] = x[i, j]
+                if i < kk:
+                    lo[i, i] = one if unit_lower else x[i, i]
+                    up[i, i] = x[i, i] if unit_lower else one
+                    for j in range(i + 1, c):
+                        up[i, j] = x[i, j]
+        if want_p:
+            pm = p_mat[b]
+            for i in range(m):
+                pm[i, i] = one
+            p = piv[b]
+            for i in range(p.shape[0]):
+                q = p[i]
+                if q != i:
+                    for row in range(m):
+                        t = pm[row, i]
+                        pm[row, i] = pm[row, q]
+                        pm[row, q] = t

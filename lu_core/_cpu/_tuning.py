@@ -1,20 +1,38 @@
 """Where the CPU backend switches from its batched kernels to per-matrix LAPACK.
 
-Measured with ``python -m bench.calibrate_cpu`` (2-core x86-64, AVX-512,
-OpenBLAS 0.3.31): the batched factor kernel beats a pool of LAPACK ``getrf``
-calls up to n = 48 and loses from n = 64 on; the batched solve kernel beats
-``getrs`` for one right-hand side up to n = 256 but loses well before that
-once there are many right-hand sides (``getrs`` then runs BLAS-3 ``trsm``).
+Measured with ``python -m bench.calibrate_cpu`` on the development machine
+(2-core x86-64 with AVX-512, OpenBLAS 0.3.31), kernel time / LAPACK time on
+the same data, about 2**22 elements per case:
+
+    n     factor   solve nrhs=1   solve nrhs=n
+    8      0.15       0.04           0.16
+    16     0.20       0.10           0.38
+    24     0.33       0.15           0.71
+    32     0.50       0.20           1.25
+    48     1.13       0.29           1.66
+    64     1.50       0.30           1.88
+    128    2.80       0.55           2.60
+    384    5.64       0.86           4.99
+
 Re-run the calibration on new hardware and update these numbers.
 """
 
 from __future__ import annotations
 
-#: Largest ``max(m, n)`` factored by the batched kernel (pivoted).
-FACTOR_KERNEL_MAX_N = 48
+#: Largest ``max(m, n)`` factored by the batched kernel (pivoted); LAPACK above.
+FACTOR_KERNEL_MAX_N = 40
 
-#: Largest ``n`` solved by the batched kernel ...
-SOLVE_KERNEL_MAX_N = 256
+#: The batched solve kernel takes systems up to this ``n`` ...
+SOLVE_KERNEL_MAX_N = 512
 
-#: ... as long as ``n * nrhs`` stays at or below this (else LAPACK ``getrs``).
-SOLVE_KERNEL_MAX_WORK = 4096
+#: ... while ``n * nrhs`` stays at or below this (with many right-hand sides
+#: LAPACK's ``getrs`` runs BLAS-3 ``trsm`` and wins) ...
+SOLVE_KERNEL_MAX_WORK = 768
+
+#: ... and always for ``n`` up to this, where a LAPACK call's overhead dominates.
+SOLVE_KERNEL_ALWAYS_N = 16
+
+#: Largest ``max(m, n)`` unpacked by the fused per-matrix kernel; larger
+#: matrices are split row-parallel so that one big matrix uses every core
+#: (fused: 23 vs 27 ms at 100000x8x8, even at 16, 4% slower at 32).
+UNPACK_FUSED_MAX_N = 16

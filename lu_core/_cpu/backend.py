@@ -96,35 +96,43 @@ class CpuBackend:
     ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         batch, (m, n) = lu.shape[:-2], lu.shape[-2:]
         nb, k = int(np.prod(batch)), min(m, n)
-        p_mat = l_mat = u_mat = None
-        if piv0 is not None:
-            perm = np.empty((nb, m), dtype=np.int32)
-            p_mat = np.empty((nb, m, m), dtype=lu.dtype)
-            with _kernel_lock:
-                _kernels.permutations(piv0, m, perm)
-                _kernels.scatter_permutation(perm, p_mat)
-            p_mat = p_mat.reshape(*batch, m, m)
-        if unpack_data:
-            lu3 = lu.reshape(nb, m, n)
-            st = lu3.swapaxes(1, 2)
-            if st.flags.c_contiguous:
-                # Column-major LU: L^T is the strict upper part of st (unit
-                # diagonal) and U^T its lower part, so split st with the roles
-                # swapped and hand back column-major L and U.
-                ut = np.empty((nb, n, k), dtype=lu.dtype)
-                lt = np.empty((nb, k, m), dtype=lu.dtype)
-                with _kernel_lock:
-                    _kernels.split_triangles(st, ut, lt, False)
-                l_mat, u_mat = lt.swapaxes(1, 2), ut.swapaxes(1, 2)
+        dt = lu.dtype
+        lu3 = lu.reshape(nb, m, n)
+        st = lu3.swapaxes(1, 2)
+        column_major = bool(st.flags.c_contiguous)
+        # Column-major LU: L^T is the strict upper part of st (unit diagonal)
+        # and U^T its lower part, so st is split with the roles swapped and L, U
+        # come back column-major too. Otherwise split the C-ordered matrices.
+        src = st if column_major else np.ascontiguousarray(lu3)
+        # Outputs are allocated zeroed (calloc: pages the OS clears anyway) and
+        # the kernels write only the non-zeros, saving a full pass of stores;
+        # a large P then touches few of its pages at all.
+        if column_major:
+            lower, upper = np.zeros((nb, n, k), dt), np.zeros((nb, k, m), dt)  # U^T, L^T
+        else:
+            lower, upper = np.zeros((nb, m, k), dt), np.zeros((nb, k, n), dt)  # L, U
+        if not unpack_data:
+            lower = upper = np.empty((0, 0, 0), dt)
+        p_mat = np.zeros((nb, m, m), dt) if piv0 is not None else np.empty((0, 0, 0), dt)
+        with _kernel_lock:
+            if max(m, n) <= _tuning.UNPACK_FUSED_MAX_N:
+                pv = piv0 if piv0 is not None else np.empty((0, 0), np.int32)
+                _kernels.unpack_small(src, lower, upper, not column_major, pv, p_mat, unpack_data, piv0 is not None)
             else:
-                src = np.ascontiguousarray(lu3)
-                l_mat = np.empty((nb, m, k), dtype=lu.dtype)
-                u_mat = np.empty((nb, k, n), dtype=lu.dtype)
-                with _kernel_lock:
-                    _kernels.split_triangles(src, l_mat, u_mat, True)
-            l_mat = l_mat.reshape(*batch, m, k)
-            u_mat = u_mat.reshape(*batch, k, n)
-        return p_mat, l_mat, u_mat
+                if unpack_data:
+                    _kernels.split_triangles(src, lower, upper, not column_major)
+                if piv0 is not None:
+                    perm = np.empty((nb, m), dtype=np.int32)
+                    _kernels.permutations(piv0, m, perm)
+                    _kernels.scatter_permutation(perm, p_mat)
+        P = p_mat.reshape(*batch, m, m) if piv0 is not None else None
+        if not unpack_data:
+            return P, None, None
+        if column_major:
+            L, U = upper.swapaxes(1, 2), lower.swapaxes(1, 2)
+        else:
+            L, U = lower, upper
+        return P, L.reshape(*batch, m, k), U.reshape(*batch, k, n)
 
     def lu_solve(
         self,
@@ -158,7 +166,9 @@ class CpuBackend:
         if conj_io:
             np.conjugate(w3, out=w3)
         if w3.size:
-            kernel = n <= _tuning.SOLVE_KERNEL_MAX_N and n * nrhs <= _tuning.SOLVE_KERNEL_MAX_WORK
+            kernel = n <= _tuning.SOLVE_KERNEL_ALWAYS_N or (
+                n <= _tuning.SOLVE_KERNEL_MAX_N and n * nrhs <= _tuning.SOLVE_KERNEL_MAX_WORK
+            )
             if kernel:
                 with _kernel_lock:
                     _kernels.getrs(s, piv0, lu_index, w3, trans)
