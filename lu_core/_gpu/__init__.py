@@ -1,0 +1,1 @@
+"""GPU backend (CuPy). Imported only when CuPy arrays reach ``lu_core``."""

@@ -1,0 +1,191 @@
+// CUDA kernels of lu_core's GPU backend.
+//
+// Compiled at run time with NVRTC through cupy.RawModule and instantiated per
+// dtype with name_expressions (T: float, double, complex<float>,
+// complex<double>; I: the pivots' integer type). No type names are pasted into
+// this source. Kernels use 64-bit indexing and grid-stride loops so any batch
+// size works with any launch shape.
+//
+// Pivot conventions: pivots arrive 1-based (LAPACK) and are range-checked and
+// converted to 0-based by check_pivots, on the device, before any other kernel
+// reads them. No kernel here indexes memory with an unchecked pivot.
+
+// Range check and base conversion in one pass. An out-of-range pivot records
+// the smallest offending flat index in *first_bad (initialised to ULLONG_MAX
+// by the caller) and is replaced by 0, so even a caller that ignored the flag
+// could not make a later kernel read out of bounds.
+template <typename I>
+__global__ void check_pivots(const I* __restrict__ piv, int* __restrict__ piv0, long long total,
+                             long long m, unsigned long long* __restrict__ first_bad) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
+        const long long v = (long long)piv[t];  // unsigned values >= 2^63 wrap negative: caught below
+        if (v < 1 || v > m) {
+            atomicMin(first_bad, (unsigned long long)t);
+            piv0[t] = 0;
+        } else {
+            piv0[t] = (int)(v - 1);
+        }
+    }
+}
+
+// Small m: one thread per matrix, the row order in registers / local memory.
+// The k swaps are sequential by nature; the batch is the parallel dimension.
+#define LU_CORE_SMALL_M 32
+__global__ void perm_small(const int* __restrict__ piv0, int* __restrict__ perm, long long nbatch,
+                           int k, int m) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < nbatch; b += stride) {
+        int order[LU_CORE_SMALL_M];
+        for (int i = 0; i < m; ++i) order[i] = i;
+        const int* p = piv0 + b * k;
+        for (int i = 0; i < k; ++i) {
+            const int q = p[i];
+            const int t = order[i];
+            order[i] = order[q];
+            order[q] = t;
+        }
+        int* out = perm + b * m;
+        for (int i = 0; i < m; ++i) out[i] = order[i];
+    }
+}
+
+// Large m: one block per matrix. The block fills the identity and writes the
+// result in parallel; thread 0 applies the k swaps in shared memory, so the
+// serial part touches no global memory except the k pivots it reads. Dynamic
+// shared memory: m ints (m <= 12288 fits in 48 KiB).
+__global__ void perm_shared(const int* __restrict__ piv0, int* __restrict__ perm, long long nbatch,
+                            int k, int m) {
+    extern __shared__ int order[];
+    for (long long b = blockIdx.x; b < nbatch; b += gridDim.x) {
+        for (int i = threadIdx.x; i < m; i += blockDim.x) order[i] = i;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const int* p = piv0 + b * k;
+            for (int i = 0; i < k; ++i) {
+                const int q = p[i];
+                const int t = order[i];
+                order[i] = order[q];
+                order[q] = t;
+            }
+        }
+        __syncthreads();
+        int* out = perm + b * m;
+        for (int i = threadIdx.x; i < m; i += blockDim.x) out[i] = order[i];
+        __syncthreads();
+    }
+}
+
+// Fallback for m beyond shared memory: same algorithm, swaps in global memory.
+__global__ void perm_global(const int* __restrict__ piv0, int* __restrict__ perm, long long nbatch,
+                            int k, int m) {
+    for (long long b = blockIdx.x; b < nbatch; b += gridDim.x) {
+        int* out = perm + b * m;
+        for (int i = threadIdx.x; i < m; i += blockDim.x) out[i] = i;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const int* p = piv0 + b * k;
+            for (int i = 0; i < k; ++i) {
+                const int q = p[i];
+                const int t = out[i];
+                out[i] = out[q];
+                out[q] = t;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// Fused unpack: one pass over the packed matrices writes both triangles, and
+// P from the row order, each output element exactly once (coalesced: the
+// innermost index is contiguous in input and outputs).
+//
+// src holds nbatch C-contiguous r x c matrices, kk = min(r, c): lower (r x kk)
+// gets the part below the diagonal, upper (kk x c) the part above it. The
+// diagonal goes to upper with ones on lower's diagonal when unit_lower, the
+// other way round otherwise (a column-major LU is split as its transpose, with
+// the roles swapped). P (m x m, C-contiguous) gets P[b, perm[b, j], j] = 1.
+template <typename T>
+__global__ void unpack(const T* __restrict__ src, T* __restrict__ lower, T* __restrict__ upper,
+                       long long nbatch, int r, int c, int unit_lower, const int* __restrict__ perm,
+                       T* __restrict__ p_mat, int m, int want_data, int want_p) {
+    const int kk = r < c ? r : c;
+    const long long data_total = want_data ? nbatch * (long long)r * c : 0;
+    const long long p_total = want_p ? nbatch * (long long)m * m : 0;
+    const long long total = data_total + p_total;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const T one = T(1);
+    const T zero = T(0);
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
+        if (t < data_total) {
+            const long long per = (long long)r * c;
+            const long long b = t / per;
+            const long long rem = t - b * per;
+            const int i = (int)(rem / c);
+            const int j = (int)(rem - (long long)i * c);
+            const T v = src[t];
+            if (j < kk) {
+                lower[(b * r + i) * kk + j] = i > j ? v : (i == j ? (unit_lower ? one : v) : zero);
+            }
+            if (i < kk) {
+                upper[(b * kk + i) * c + j] = j > i ? v : (j == i ? (unit_lower ? v : one) : zero);
+            }
+        } else {
+            const long long u = t - data_total;
+            const long long per = (long long)m * m;
+            const long long b = u / per;
+            const long long rem = u - b * per;
+            const int i = (int)(rem / m);
+            const int j = (int)(rem - (long long)i * m);
+            p_mat[u] = perm[b * m + j] == i ? one : zero;
+        }
+    }
+}
+
+// Row permutation of right-hand sides held as w[t, r, :] (column r of problem
+// t's right-hand side, length n): gather x[i] = w[perm[i]] for A X = B, or the
+// inverse scatter x[perm[i]] = w[i] for the transposed / adjoint path.
+// Problem t uses the row order perm[perm_index[t]]: broadcast without copies.
+template <typename T>
+__global__ void permute_rows(const T* __restrict__ src, T* __restrict__ dst, const int* __restrict__ perm,
+                             const long long* __restrict__ perm_index, long long nprob, int nrhs, int n,
+                             int inverse) {
+    const long long total = nprob * (long long)nrhs * n;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
+        const long long vec = t / n;
+        const int i = (int)(t - vec * n);
+        const long long prob = vec / nrhs;
+        const int p = perm[perm_index[prob] * n + i];
+        if (inverse) {
+            dst[vec * n + p] = src[t];
+        } else {
+            dst[t] = src[vec * n + p];
+        }
+    }
+}
+
+// Explicit instantiations for the ahead-of-time compile check (nvcc, in the
+// test suite). At run time NVRTC instantiates through name_expressions and
+// this block is compiled out.
+#ifdef LU_CORE_NVCC_CHECK
+#define LU_CORE_INSTANTIATE_T(T)                                                                          \
+    template __global__ void unpack<T>(const T*, T*, T*, long long, int, int, int, const int*, T*, int,  \
+                                       int, int);                                                         \
+    template __global__ void permute_rows<T>(const T*, T*, const int*, const long long*, long long, int, \
+                                             int, int);
+#define LU_CORE_INSTANTIATE_I(I) \
+    template __global__ void check_pivots<I>(const I*, int*, long long, long long, unsigned long long*);
+LU_CORE_INSTANTIATE_T(float)
+LU_CORE_INSTANTIATE_T(double)
+LU_CORE_INSTANTIATE_T(LU_CORE_COMPLEX<float>)
+LU_CORE_INSTANTIATE_T(LU_CORE_COMPLEX<double>)
+LU_CORE_INSTANTIATE_I(signed char)
+LU_CORE_INSTANTIATE_I(unsigned char)
+LU_CORE_INSTANTIATE_I(short)
+LU_CORE_INSTANTIATE_I(unsigned short)
+LU_CORE_INSTANTIATE_I(int)
+LU_CORE_INSTANTIATE_I(unsigned int)
+LU_CORE_INSTANTIATE_I(long long)
+LU_CORE_INSTANTIATE_I(unsigned long long)
+#endif
