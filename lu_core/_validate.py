@@ -7,7 +7,6 @@ backends, which run them where the data lives, before any kernel uses it.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -62,17 +61,3 @@ def check_pivots_shape(pivots_shape: tuple[int, ...], lu_shape: tuple[int, ...])
             "pivots",
             f"expected shape {expected} for LU of shape {tuple(lu_shape)}, got {tuple(pivots_shape)}",
         )
-
-
-def broadcast_batch(a: tuple[int, ...], b: tuple[int, ...], names: tuple[str, str]) -> tuple[int, ...]:
-    try:
-        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
-    except ValueError:
-        raise ShapeError(
-            f"{names[0]}, {names[1]}",
-            f"batch dimensions {tuple(a)} and {tuple(b)} cannot be broadcast together",
-        ) from None
-
-
-def batch_size(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)

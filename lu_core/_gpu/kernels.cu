@@ -29,6 +29,17 @@ __global__ void check_pivots(const I* __restrict__ piv, int* __restrict__ piv0, 
     }
 }
 
+// Applies the k pivots of one matrix, in order, to its row order. Sequential
+// by nature; the callers parallelise across matrices and around this loop.
+__device__ __forceinline__ void apply_pivots(int* order, const int* __restrict__ p, int k) {
+    for (int i = 0; i < k; ++i) {
+        const int q = p[i];
+        const int t = order[i];
+        order[i] = order[q];
+        order[q] = t;
+    }
+}
+
 // Small m: one thread per matrix, the row order in registers / local memory.
 // The k swaps are sequential by nature; the batch is the parallel dimension.
 #define LU_CORE_SMALL_M 32
@@ -38,13 +49,7 @@ __global__ void perm_small(const int* __restrict__ piv0, int* __restrict__ perm,
     for (long long b = (long long)blockIdx.x * blockDim.x + threadIdx.x; b < nbatch; b += stride) {
         int order[LU_CORE_SMALL_M];
         for (int i = 0; i < m; ++i) order[i] = i;
-        const int* p = piv0 + b * k;
-        for (int i = 0; i < k; ++i) {
-            const int q = p[i];
-            const int t = order[i];
-            order[i] = order[q];
-            order[q] = t;
-        }
+        apply_pivots(order, piv0 + b * k, k);
         int* out = perm + b * m;
         for (int i = 0; i < m; ++i) out[i] = order[i];
     }
@@ -60,15 +65,7 @@ __global__ void perm_shared(const int* __restrict__ piv0, int* __restrict__ perm
     for (long long b = blockIdx.x; b < nbatch; b += gridDim.x) {
         for (int i = threadIdx.x; i < m; i += blockDim.x) order[i] = i;
         __syncthreads();
-        if (threadIdx.x == 0) {
-            const int* p = piv0 + b * k;
-            for (int i = 0; i < k; ++i) {
-                const int q = p[i];
-                const int t = order[i];
-                order[i] = order[q];
-                order[q] = t;
-            }
-        }
+        if (threadIdx.x == 0) apply_pivots(order, piv0 + b * k, k);
         __syncthreads();
         int* out = perm + b * m;
         for (int i = threadIdx.x; i < m; i += blockDim.x) out[i] = order[i];
@@ -83,15 +80,7 @@ __global__ void perm_global(const int* __restrict__ piv0, int* __restrict__ perm
         int* out = perm + b * m;
         for (int i = threadIdx.x; i < m; i += blockDim.x) out[i] = i;
         __syncthreads();
-        if (threadIdx.x == 0) {
-            const int* p = piv0 + b * k;
-            for (int i = 0; i < k; ++i) {
-                const int q = p[i];
-                const int t = out[i];
-                out[i] = out[q];
-                out[q] = t;
-            }
-        }
+        if (threadIdx.x == 0) apply_pivots(out, piv0 + b * k, k);
         __syncthreads();
     }
 }
