@@ -23,6 +23,7 @@ import numpy as np
 
 from lu_core._cpu import _kernels, _lapack, _tuning
 from lu_core._errors import DTypeError, PivotError
+from lu_core._layout import plan_split
 
 # Numba's default ``workqueue`` threading layer must not be entered by two
 # threads at once; every parallel kernel call goes through this lock.
@@ -95,32 +96,24 @@ class CpuBackend:
         self, lu: np.ndarray, piv0: np.ndarray | None, unpack_data: bool
     ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         batch, (m, n) = lu.shape[:-2], lu.shape[-2:]
-        nb, k = int(np.prod(batch)), min(m, n)
+        nb = int(np.prod(batch))
         dt = lu.dtype
-        lu3 = lu.reshape(nb, m, n)
-        st = lu3.swapaxes(1, 2)
-        column_major = bool(st.flags.c_contiguous)
-        # Column-major LU: L^T is the strict upper part of st (unit diagonal)
-        # and U^T its lower part, so st is split with the roles swapped and L, U
-        # come back column-major too. Otherwise split the C-ordered matrices.
-        src = st if column_major else np.ascontiguousarray(lu3)
+        plan = plan_split(lu, nb, np.ascontiguousarray)
         # Outputs are allocated zeroed (calloc: pages the OS clears anyway) and
         # the kernels write only the non-zeros, saving a full pass of stores;
         # a large P then touches few of its pages at all.
-        if column_major:
-            lower, upper = np.zeros((nb, n, k), dt), np.zeros((nb, k, m), dt)  # U^T, L^T
+        if unpack_data:
+            lower, upper = np.zeros(plan.lower_shape, dt), np.zeros(plan.upper_shape, dt)
         else:
-            lower, upper = np.zeros((nb, m, k), dt), np.zeros((nb, k, n), dt)  # L, U
-        if not unpack_data:
             lower = upper = np.empty((0, 0, 0), dt)
         p_mat = np.zeros((nb, m, m), dt) if piv0 is not None else np.empty((0, 0, 0), dt)
         with _kernel_lock:
             if max(m, n) <= _tuning.UNPACK_FUSED_MAX_N:
                 pv = piv0 if piv0 is not None else np.empty((0, 0), np.int32)
-                _kernels.unpack_small(src, lower, upper, not column_major, pv, p_mat, unpack_data, piv0 is not None)
+                _kernels.unpack_small(plan.src, lower, upper, plan.unit_lower, pv, p_mat, unpack_data, piv0 is not None)
             else:
                 if unpack_data:
-                    _kernels.split_triangles(src, lower, upper, not column_major)
+                    _kernels.split_triangles(plan.src, lower, upper, plan.unit_lower)
                 if piv0 is not None:
                     perm = np.empty((nb, m), dtype=np.int32)
                     _kernels.permutations(piv0, m, perm)
@@ -128,11 +121,7 @@ class CpuBackend:
         P = p_mat.reshape(*batch, m, m) if piv0 is not None else None
         if not unpack_data:
             return P, None, None
-        if column_major:
-            L, U = upper.swapaxes(1, 2), lower.swapaxes(1, 2)
-        else:
-            L, U = lower, upper
-        return P, L.reshape(*batch, m, k), U.reshape(*batch, k, n)
+        return (P, *plan.assemble(lower, upper))
 
     def lu_solve(
         self,

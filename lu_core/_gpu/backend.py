@@ -35,6 +35,7 @@ from cupy_backends.cuda.libs import cublas, cusolver
 
 from lu_core._errors import DTypeError, PivotError
 from lu_core._gpu import _tuning
+from lu_core._layout import plan_split
 
 _SOURCE = pathlib.Path(__file__).with_name("kernels.cu")
 
@@ -205,15 +206,12 @@ class GpuBackend:
         self, lu: cp.ndarray, piv0: cp.ndarray | None, unpack_data: bool
     ) -> tuple[cp.ndarray | None, cp.ndarray | None, cp.ndarray | None]:
         batch, (m, n) = lu.shape[:-2], lu.shape[-2:]
-        nb, k = int(np.prod(batch)), min(m, n)
+        nb = int(np.prod(batch))
         dt = lu.dtype
-        lu3 = lu.reshape(nb, m, n)
-        st = lu3.swapaxes(1, 2)
-        column_major = bool(st.flags.c_contiguous)
-        src = st if column_major else cp.ascontiguousarray(lu3)
-        r, c = src.shape[1:]
-        lower = cp.empty((nb, r, min(r, c)), dt) if unpack_data else cp.empty(0, dt)
-        upper = cp.empty((nb, min(r, c), c), dt) if unpack_data else cp.empty(0, dt)
+        plan = plan_split(lu, nb, cp.ascontiguousarray)
+        r, c = plan.src.shape[1:]
+        lower = cp.empty(plan.lower_shape, dt) if unpack_data else cp.empty(0, dt)
+        upper = cp.empty(plan.upper_shape, dt) if unpack_data else cp.empty(0, dt)
         want_p = piv0 is not None
         perm = self._permutations(piv0, m) if want_p else cp.empty(0, cp.int32)
         p_mat = cp.empty((nb, m, m), dt) if want_p else cp.empty(0, dt)
@@ -223,13 +221,13 @@ class GpuBackend:
                 _grid(total),
                 (_tuning.BLOCK,),
                 (
-                    src,
+                    plan.src,
                     lower,
                     upper,
                     np.int64(nb),
                     np.int32(r),
                     np.int32(c),
-                    np.int32(not column_major),
+                    np.int32(plan.unit_lower),
                     perm,
                     p_mat,
                     np.int32(m),
@@ -240,8 +238,7 @@ class GpuBackend:
         P = p_mat.reshape(*batch, m, m) if want_p else None
         if not unpack_data:
             return P, None, None
-        L, U = (upper.swapaxes(1, 2), lower.swapaxes(1, 2)) if column_major else (lower, upper)
-        return P, L.reshape(*batch, m, k), U.reshape(*batch, k, n)
+        return (P, *plan.assemble(lower, upper))
 
     def lu_solve(
         self,
