@@ -234,7 +234,9 @@ def lu_unpack(LU: Any, pivots: Any, unpack_data: bool = True, unpack_pivots: boo
     return be.lu_unpack(lu_, piv0 if unpack_pivots else None, bool(unpack_data))
 
 
-def lu_solve(LU: Any, pivots: Any, B: Any, *, left: bool = True, adjoint: bool = False) -> Any:
+def lu_solve(
+    LU: Any, pivots: Any, B: Any, *, left: bool = True, adjoint: bool = False, check_errors: bool = False
+) -> Any:
     """Solve ``A X = B`` (or ``X A = B``) given the LU factorization of ``A``.
 
     Parameters
@@ -250,6 +252,9 @@ def lu_solve(LU: Any, pivots: Any, B: Any, *, left: bool = True, adjoint: bool =
         Solve ``A X = B``; ``False`` solves ``X A = B``.
     adjoint : bool, default False
         Use ``A^H`` (the conjugate transpose; the transpose for real dtypes).
+    check_errors : bool, default False
+        Raise :class:`SingularMatrixError` when a diagonal entry of ``U`` is
+        exactly zero (``False``, the default, matches PyTorch, which does not check).
 
     Returns
     -------
@@ -263,12 +268,14 @@ def lu_solve(LU: Any, pivots: Any, B: Any, *, left: bool = True, adjoint: bool =
         batch dimensions that do not broadcast.
     DTypeError, PivotError
         As in :func:`lu_unpack`.
+    SingularMatrixError
+        Only with ``check_errors=True``: names the batch index (of ``LU``) of
+        every factorization with an exact zero on ``U``'s diagonal.
 
     Notes
     -----
-    An exactly singular ``U`` is not checked for (as in PyTorch): the result
-    then holds infinities or NaNs. Use :func:`solve` or ``lu_factor_ex``'s
-    ``info`` to detect it.
+    By default an exactly singular ``U`` is not checked for (as in PyTorch):
+    the result then holds infinities or NaNs.
 
     Examples
     --------
@@ -299,6 +306,8 @@ def lu_solve(LU: Any, pivots: Any, B: Any, *, left: bool = True, adjoint: bool =
     except ValueError:
         raise ShapeError("LU, B", f"batch dimensions {lu_batch} and {b_batch} cannot be broadcast together") from None
     piv0 = be.check_pivots(piv, n)
+    if check_errors:
+        _raise_if_singular(be, _diagonal_info(lu_), "lu_solve")
     dtype = common_dtype(lu_.dtype, b.dtype)
     lu_, b = be.astype(lu_, dtype), be.astype(b, dtype)
     return be.lu_solve(lu_, piv0, b, broadcast_index(lu_batch, out_batch), out_batch, bool(left), bool(adjoint))
@@ -397,6 +406,14 @@ def pivots_to_permutation(pivots: Any, m: int) -> Any:
         raise ShapeError("pivots", f"has {piv.shape[-1]} entries per matrix, more than m = {m_int}")
     piv0 = be.check_pivots(piv, m_int)
     return be.pivots_to_permutation(piv0, m_int).reshape(*piv.shape[:-1], m_int)
+
+
+def _diagonal_info(lu_: Any) -> Any:
+    """LAPACK's ``info`` read back from a packed factorization: 1 + first zero of diag(U), else 0."""
+    zero = lu_.diagonal(axis1=-2, axis2=-1) == 0
+    if zero.shape[-1] == 0:
+        return zero.sum(axis=-1).astype(np.int32)
+    return (zero.any(axis=-1) * (zero.argmax(axis=-1) + 1)).astype(np.int32)
 
 
 def _count(value: Any, argument: str) -> int:

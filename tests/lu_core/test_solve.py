@@ -133,6 +133,22 @@ class TestSolve:
         assert X.shape == (7, 2, 5, 1)
         np.testing.assert_allclose(A @ X, B, atol=1e-12)
 
+    def test_lu_solve_check_errors_names_singular_factorizations(self, rng):
+        A = well_conditioned(rng, (2, 3, 4, 4), np.float64)
+        A[1, 2, :, 2] = 0  # U[2, 2] is then exactly zero
+        LU, piv, info = lu_core.lu_factor_ex(A)
+        B = rng.standard_normal((2, 3, 4, 1))
+        with pytest.raises(lu_core.SingularMatrixError) as excinfo:
+            lu_core.lu_solve(LU, piv, B, check_errors=True)
+        assert excinfo.value.indices == [(1, 2)]
+        assert excinfo.value.info == [int(info[1, 2])] == [3]
+        with np.errstate(all="ignore"):
+            lu_core.lu_solve(LU, piv, B)  # the default does not check, as in PyTorch
+        good = lu_core.lu_solve(LU[0], piv[0], B[0], check_errors=True)
+        np.testing.assert_allclose(A[0] @ good, B[0], atol=1e-12)
+        empty = lu_core.lu_solve(np.zeros((2, 0, 0)), np.zeros((2, 0), np.int32), np.zeros((2, 0, 1)), check_errors=True)
+        assert empty.shape == (2, 0, 1)
+
     def test_singular_raises_naming_batch_index(self, rng):
         A = well_conditioned(rng, (3, 3, 3), np.float64)
         A[1] = 0

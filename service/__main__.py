@@ -1,0 +1,42 @@
+"""``python -m service``: read the LU_ settings, pick the device, serve with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+from pydantic import ValidationError
+
+from service.app import create_app
+from service.config import Settings
+from service.device import DeviceUnavailableError
+from service.logs import configure_logging
+
+
+def main() -> int:
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print(f"lu-service: invalid LU_ settings:\n{exc}", file=sys.stderr)
+        return 2
+    configure_logging(settings.log_level, settings.log_json)
+    try:
+        app = create_app(settings)
+    except DeviceUnavailableError as exc:
+        logging.getLogger("service").error("%s", exc)
+        return 2
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,  # configure_logging owns the format
+        access_log=False,  # service.middleware writes one structured line per request
+        timeout_graceful_shutdown=settings.graceful_shutdown_s,
+        proxy_headers=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

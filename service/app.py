@@ -1,0 +1,90 @@
+"""The application factory: ``create_app(settings)`` builds a service around one device worker."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio.to_thread
+import numpy as np
+from fastapi import FastAPI
+
+import lu_core
+from service.config import Settings
+from service.device import Device, select_device
+from service.errors import install_handlers
+from service.metrics import Metrics
+from service.middleware import RequestMiddleware
+from service.operations import OPERATIONS
+from service.routes import health, native, v2
+from service.worker import DeviceWorker
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("service")
+
+WARMUP_DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
+
+
+def warm_up(device: Device) -> float:
+    """Run every operation once per dtype (JIT-compiles the CPU kernels, loads the GPU modules)."""
+    start = time.perf_counter()
+    rng = np.random.default_rng(0)
+    for dtype in WARMUP_DTYPES:
+        A = (rng.standard_normal((2, 4, 4)) + 4 * np.eye(4)).astype(dtype)
+        B = rng.standard_normal((2, 4, 1)).astype(dtype)
+        factored = device.run(OPERATIONS["lu_factor"].compute, {"A": A}, {"pivot": True})
+        lu, piv = factored["LU"], factored["pivots"]
+        device.run(OPERATIONS["lu_unpack"].compute, {"LU": lu, "pivots": piv}, dict(OPERATIONS["lu_unpack"].options))
+        solve_opts = dict(OPERATIONS["lu_solve"].options)
+        device.run(OPERATIONS["lu_solve"].compute, {"LU": lu, "pivots": piv, "B": B}, solve_opts)
+        device.run(OPERATIONS["solve"].compute, {"A": A, "B": B}, dict(OPERATIONS["solve"].options))
+    return time.perf_counter() - start
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the app; picks the device now (``LU_DEVICE=gpu`` without a GPU raises here)."""
+    settings = settings or Settings()
+    device = select_device(settings)
+    metrics = Metrics(device.kind, device.name)
+    worker = DeviceWorker(device, metrics, max_queue=settings.max_queue, retry_after_s=settings.retry_after_s)
+    ready = threading.Event()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        worker.start()
+        if settings.warmup:
+            seconds = await anyio.to_thread.run_sync(worker.call, lambda: warm_up(device))
+            log.info("warm-up done in %.2f s", seconds)
+        ready.set()
+        log.info("ready on the %s (%s)", device.kind.upper(), device.name, extra={"device": device.describe()})
+        try:
+            yield
+        finally:
+            ready.clear()
+            # uvicorn has already drained in-flight requests; finish whatever is still queued.
+            await anyio.to_thread.run_sync(worker.stop, settings.graceful_shutdown_s)
+            log.info("stopped")
+
+    app = FastAPI(
+        title="lu-service",
+        version=lu_core.__version__,
+        summary="Batched LU factorization, unpacking and solves with PyTorch semantics, over HTTP.",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.device = device
+    app.state.metrics = metrics
+    app.state.worker = worker
+    app.state.ready = ready
+    install_handlers(app)
+    app.include_router(health.router)
+    app.include_router(health.metrics_router)
+    app.include_router(v2.health_router)
+    app.include_router(v2.router)
+    app.include_router(native.router)
+    app.add_middleware(RequestMiddleware, max_request_bytes=settings.max_request_bytes, metrics=metrics)
+    return app

@@ -1,0 +1,447 @@
+"""The wire codec: JSON tensors and the Open Inference Protocol's binary framing.
+
+One module serves the native routes and the ``/v2`` routes, so each format is
+written once. Decoding is pure (bytes in, NumPy arrays out) and raises
+:class:`~service.errors.ServiceError` for anything malformed:
+
+* 400 for bodies that cannot be read as the format (bad JSON, ragged lists,
+  a declared shape that disagrees with its data or its byte count);
+* 413 when the declared shapes add up to more than ``max_elements``;
+* 422 for a dtype name outside the supported list.
+
+Binary tensors are ``np.frombuffer`` views over the received bytes: nothing is
+copied while decoding, and nothing is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from service.errors import bad_request, invalid, too_large
+
+__all__ = [
+    "DATATYPES",
+    "HEADER_LENGTH",
+    "Decoded",
+    "EncodedBody",
+    "check_outputs_known",
+    "datatype_of",
+    "decode_binary",
+    "decode_native_json",
+    "decode_v2_json",
+    "encode_binary",
+    "encode_native_json",
+    "encode_v2",
+]
+
+HEADER_LENGTH = "inference-header-content-length"
+
+# OIP datatype -> little-endian NumPy dtype. COMPLEX64/128 are our extension
+# (interleaved re, im); the integer and FP16/BOOL entries exist so that a
+# client sending them gets lu_core's clear dtype error rather than a 400.
+DATATYPES: dict[str, np.dtype] = {
+    name: np.dtype(code)
+    for name, code in {
+        "FP16": "<f2",
+        "FP32": "<f4",
+        "FP64": "<f8",
+        "COMPLEX64": "<c8",
+        "COMPLEX128": "<c16",
+        "INT8": "i1",
+        "INT16": "<i2",
+        "INT32": "<i4",
+        "INT64": "<i8",
+        "UINT8": "u1",
+        "UINT16": "<u2",
+        "UINT32": "<u4",
+        "UINT64": "<u8",
+        "BOOL": "?",
+    }.items()
+}
+_DATATYPE_OF = {dt.newbyteorder("="): name for name, dt in DATATYPES.items()}
+# dtype names accepted in the JSON object form (the contract's list).
+JSON_DTYPES = ("float32", "float64", "complex64", "complex128", "int32", "int64")
+_NONFINITE_IN = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+
+@dataclass
+class Decoded:
+    """A request, whatever its format: tensors by name and options by name."""
+
+    tensors: dict[str, np.ndarray]
+    options: dict[str, Any]
+    binary: bool = False
+    request_id: str | None = None  # the OIP "id", echoed in /v2 responses
+    # /v2 only: the outputs asked for (None: all) and which of them go binary.
+    outputs: list[str] | None = None
+    binary_outputs: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
+class EncodedBody:
+    """A response body as chunks (sent without joining) and its headers."""
+
+    chunks: list[bytes | memoryview]
+    media_type: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return sum(len(c) if isinstance(c, bytes) else c.nbytes for c in self.chunks)
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _loads(body: bytes | memoryview, what: str) -> Any:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request("malformed_json", f"{what} is not valid JSON: {exc}") from None
+
+
+def _numbers(name: str, value: Any) -> np.ndarray:
+    """A nested list of JSON numbers (and the non-finite strings) as an array."""
+    try:
+        arr = np.array(value)
+    except (ValueError, TypeError, OverflowError):
+        raise bad_request("malformed_tensor", f"{name}: nested lists are ragged or hold non-numbers") from None
+    if arr.dtype.kind == "U":  # strings present: only the three non-finite spellings are numbers
+        arr = np.array(_replace_nonfinite(name, value), dtype=np.float64)
+    if arr.dtype.kind not in "iuf":
+        what = "booleans" if arr.dtype.kind == "b" else "values that are not numbers (or integers beyond 64 bits)"
+        raise bad_request("malformed_tensor", f"{name}: holds {what}")
+    return arr
+
+
+def _replace_nonfinite(name: str, value: Any) -> Any:
+    if isinstance(value, list):
+        return [_replace_nonfinite(name, v) for v in value]
+    if isinstance(value, str):
+        try:
+            return _NONFINITE_IN[value]
+        except KeyError:
+            raise bad_request(
+                "malformed_tensor",
+                f'{name}: string {value[:40]!r} is not a number ("NaN", "Infinity", "-Infinity" are)',
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_request("malformed_tensor", f"{name}: holds a value that is not a number")
+    return value
+
+
+def _shape(name: str, shape: Any) -> tuple[int, ...]:
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise bad_request("malformed_tensor", f"{name}: shape must be a list of non-negative integers, got {shape!r}")
+    if len(shape) > 32:
+        raise bad_request("malformed_tensor", f"{name}: shape has {len(shape)} dimensions, at most 32 are supported")
+    return tuple(shape)
+
+
+class _Budget:
+    """Counts declared elements across a request, before anything is allocated."""
+
+    def __init__(self, max_elements: int) -> None:
+        self.left = max_elements
+        self.max = max_elements
+
+    def take(self, name: str, count: int) -> None:
+        self.left -= count
+        if self.left < 0:
+            raise too_large(
+                "too_many_elements",
+                f"{name}: the request's tensors hold more than LU_MAX_ELEMENTS = {self.max} elements",
+            )
+
+
+def _typed_tensor(name: str, dtype: np.dtype, shape: tuple[int, ...] | None, data: Any, budget: _Budget) -> np.ndarray:
+    """``data`` (flat or nested, complex as [re, im]) as ``dtype``, checked against ``shape``."""
+    count = math.prod(shape) if shape is not None else None
+    if count is not None:
+        budget.take(name, count)
+    arr = _numbers(name, data) if isinstance(data, list) else _numbers(name, [data])
+    if not isinstance(data, list):
+        arr = arr.reshape(())
+    if dtype.kind == "c" and arr.size == 0:
+        arr = np.zeros(0, np.complex128)
+    elif dtype.kind == "c":
+        if arr.ndim == 0 or arr.shape[-1] != 2:
+            raise bad_request("malformed_tensor", f"{name}: complex elements must be [re, im] pairs")
+        arr = np.ascontiguousarray(arr, dtype=np.float64).view(np.complex128)[..., 0]
+    elif dtype.kind in "iu" and arr.dtype.kind == "f" and not (np.isfinite(arr).all() and (arr == np.round(arr)).all()):
+        raise bad_request("malformed_tensor", f"{name}: dtype {dtype.name} needs integer data")
+    if dtype.kind in "iu" and arr.size:
+        info = np.iinfo(dtype)
+        if arr.min() < info.min or arr.max() > info.max:
+            raise bad_request("malformed_tensor", f"{name}: a value is out of range for {dtype.name}")
+    if count is None:
+        budget.take(name, arr.size)
+        shape = arr.shape
+    elif arr.size != count:
+        raise bad_request(
+            "shape_mismatch", f"{name}: declared shape {list(shape)} holds {count} elements, data holds {arr.size}"
+        )
+    return arr.astype(dtype.newbyteorder("="), copy=False).reshape(shape)
+
+
+def _json_tensor(name: str, value: Any, default: np.dtype, budget: _Budget) -> np.ndarray:
+    """A tensor in the native JSON form: nested list, or {"dtype", "shape", "data"}."""
+    if isinstance(value, list):
+        arr = _numbers(name, value)
+        budget.take(name, arr.size)
+        if default.kind == "f" and arr.dtype.kind in "iu":
+            return arr.astype(default)
+        return arr.astype(np.int64) if arr.dtype.kind in "iu" else arr
+    if isinstance(value, dict):
+        unknown = set(value) - {"dtype", "shape", "data"}
+        if unknown:
+            raise bad_request(
+                "malformed_tensor", f"{name}: unknown keys {sorted(unknown)} (expected dtype, shape, data)"
+            )
+        if "data" not in value:
+            raise bad_request("malformed_tensor", f"{name}: the object form needs 'data'")
+        dtype_name = value.get("dtype", default.name)
+        if dtype_name not in JSON_DTYPES:
+            raise invalid("invalid_dtype", f"{name}: dtype {dtype_name!r} is not one of {', '.join(JSON_DTYPES)}")
+        shape = _shape(name, value["shape"]) if "shape" in value else None
+        return _typed_tensor(name, np.dtype(dtype_name), shape, value["data"], budget)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        budget.take(name, 1)
+        return np.array(value, dtype=default)
+    raise bad_request("malformed_tensor", f"{name}: expected a nested list or a {{dtype, shape, data}} object")
+
+
+def _default_dtype(name: str) -> np.dtype:
+    return np.dtype(np.int32) if name == "pivots" else np.dtype(np.float64)
+
+
+def decode_native_json(body: bytes | memoryview, tensor_names: Iterable[str], max_elements: int) -> Decoded:
+    """``{"A": ..., "B": ..., "left": true}``: tensors by name, the other keys are options."""
+    obj = _loads(body, "the body")
+    if not isinstance(obj, dict):
+        raise bad_request("malformed_body", "the body must be a JSON object")
+    names = set(tensor_names)
+    budget = _Budget(max_elements)
+    tensors = {k: _json_tensor(k, v, _default_dtype(k), budget) for k, v in obj.items() if k in names}
+    options = {k: v for k, v in obj.items() if k not in names}
+    return Decoded(tensors, options)
+
+
+def _oip_dtype(name: str, datatype: Any) -> np.dtype:
+    if not isinstance(datatype, str):
+        raise bad_request("malformed_tensor", f"{name}: datatype must be a string")
+    try:
+        return DATATYPES[datatype]
+    except KeyError:
+        raise invalid("invalid_dtype", f"{name}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}") from None
+
+
+def _oip_inputs(header: Any) -> list[dict[str, Any]]:
+    if not isinstance(header, dict):
+        raise bad_request("malformed_body", "the inference request must be a JSON object")
+    inputs = header.get("inputs")
+    if not isinstance(inputs, list) or not all(isinstance(i, dict) for i in inputs):
+        raise bad_request("malformed_body", "'inputs' must be a list of tensor objects")
+    return inputs
+
+
+def _oip_common(header: dict[str, Any], tensors: dict[str, np.ndarray], binary: bool) -> Decoded:
+    options = header.get("parameters", {})
+    if not isinstance(options, dict):
+        raise bad_request("malformed_body", "'parameters' must be an object")
+    rid = header.get("id")
+    if rid is not None and not isinstance(rid, str):
+        raise bad_request("malformed_body", "'id' must be a string")
+    outputs = header.get("outputs")
+    names: list[str] | None = None
+    flags: dict[str, bool] = {}
+    if outputs is not None:
+        if not isinstance(outputs, list) or not all(
+            isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs
+        ):
+            raise bad_request("malformed_body", "'outputs' must be a list of objects with a 'name'")
+        names = [o["name"] for o in outputs]
+        for o in outputs:
+            flag = (o.get("parameters") or {}).get("binary_data")
+            if flag is not None:
+                if not isinstance(flag, bool):
+                    raise bad_request(
+                        "malformed_body", f"outputs[{o['name']}].parameters.binary_data must be a boolean"
+                    )
+                flags[o["name"]] = flag
+    default_binary = options.get("binary_data_output", binary)
+    if not isinstance(default_binary, bool):
+        raise bad_request("malformed_body", "parameters.binary_data_output must be a boolean")
+    opts = {k: v for k, v in options.items() if k != "binary_data_output"}
+    decoded = Decoded(tensors, opts, binary=binary, request_id=rid, outputs=names, binary_outputs=flags)
+    decoded.binary_outputs.setdefault("*", default_binary)
+    return decoded
+
+
+def _tensor_name(entry: dict[str, Any], seen: dict[str, np.ndarray]) -> str:
+    name = entry.get("name")
+    if not isinstance(name, str):
+        raise bad_request("malformed_tensor", "every input needs a string 'name'")
+    if name in seen:
+        raise bad_request("malformed_tensor", f"input {name!r} appears twice")
+    return name
+
+
+def decode_v2_json(body: bytes | memoryview, max_elements: int) -> Decoded:
+    """An OIP v2 JSON inference request (every tensor inline in ``data``)."""
+    header = _loads(body, "the body")
+    budget = _Budget(max_elements)
+    tensors: dict[str, np.ndarray] = {}
+    for entry in _oip_inputs(header):
+        name = _tensor_name(entry, tensors)
+        if "data" not in entry:
+            raise bad_request("malformed_tensor", f"{name}: a JSON request carries each tensor in 'data'")
+        dtype = _oip_dtype(name, entry.get("datatype"))
+        tensors[name] = _typed_tensor(name, dtype, _shape(name, entry.get("shape")), entry["data"], budget)
+    return _oip_common(header, tensors, binary=False)
+
+
+def decode_binary(body: bytes, header_length: str | int, max_elements: int) -> Decoded:
+    """The binary tensor extension: a JSON header, then each input's raw bytes in order."""
+    try:
+        hlen = int(header_length)
+    except (TypeError, ValueError):
+        raise bad_request("malformed_header", "Inference-Header-Content-Length must be an integer") from None
+    if not 0 < hlen <= len(body):
+        raise bad_request(
+            "malformed_header", f"Inference-Header-Content-Length = {hlen} is outside the body of {len(body)} bytes"
+        )
+    view = memoryview(body)
+    header = _loads(view[:hlen], "the inference header")
+    budget = _Budget(max_elements)
+    tensors: dict[str, np.ndarray] = {}
+    offset = hlen
+    for entry in _oip_inputs(header):
+        name = _tensor_name(entry, tensors)
+        dtype = _oip_dtype(name, entry.get("datatype"))
+        shape = _shape(name, entry.get("shape"))
+        params = entry.get("parameters") or {}
+        size = params.get("binary_data_size") if isinstance(params, dict) else None
+        if size is None:
+            if "data" not in entry:
+                raise bad_request("malformed_tensor", f"{name}: neither binary_data_size nor data")
+            tensors[name] = _typed_tensor(name, dtype, shape, entry["data"], budget)
+            continue
+        count = math.prod(shape)
+        budget.take(name, count)
+        if not isinstance(size, int) or isinstance(size, bool) or size != count * dtype.itemsize:
+            raise bad_request(
+                "shape_mismatch",
+                f"{name}: shape {list(shape)} of {entry['datatype']} is {count * dtype.itemsize} bytes, "
+                f"binary_data_size says {size!r}",
+            )
+        if offset + size > len(body):
+            raise bad_request("truncated_body", f"{name}: the body ends {offset + size - len(body)} bytes early")
+        tensors[name] = np.frombuffer(body, dtype=dtype, count=count, offset=offset).reshape(shape)
+        offset += size
+    if offset != len(body):
+        raise bad_request("malformed_body", f"{len(body) - offset} bytes follow the last tensor")
+    return _oip_common(header, tensors, binary=True)
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _plain(arr: np.ndarray, flat: bool) -> Any:
+    """What orjson writes for ``arr``: the array itself, or lists with the non-finite strings."""
+    if arr.dtype.kind == "c":
+        arr = np.asarray(arr, order="C").view(arr.real.dtype).reshape(*arr.shape, 2)
+        if flat:
+            arr = arr.reshape(-1, 2)
+    elif flat:
+        arr = arr.reshape(-1)
+    arr = np.asarray(arr, dtype=arr.dtype.newbyteorder("="), order="C")  # (ascontiguousarray makes 0-d 1-d)
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        obj = arr.astype(object)
+        obj[np.isnan(arr)] = "NaN"
+        obj[np.isposinf(arr)] = "Infinity"
+        obj[np.isneginf(arr)] = "-Infinity"
+        return obj.tolist()
+    if arr.ndim == 0:
+        return arr.item()
+    return arr
+
+
+def _json_dtype(arr: np.ndarray) -> str:
+    return arr.dtype.newbyteorder("=").name
+
+
+def encode_native_json(outputs: Mapping[str, np.ndarray | None]) -> EncodedBody:
+    """Every output in the object form with nested data; absent outputs are null."""
+    body = {
+        k: None if v is None else {"dtype": _json_dtype(v), "shape": list(v.shape), "data": _plain(v, flat=False)}
+        for k, v in outputs.items()
+    }
+    return EncodedBody([orjson.dumps(body, option=_JSON_OPTS)], "application/json")
+
+
+def _raw(arr: np.ndarray) -> memoryview:
+    le = arr.dtype.newbyteorder("<")
+    return memoryview(np.asarray(arr, dtype=le, order="C")).cast("B")
+
+
+def datatype_of(arr: np.ndarray) -> str:
+    return _DATATYPE_OF[arr.dtype.newbyteorder("=")]
+
+
+def encode_binary(
+    outputs: Mapping[str, np.ndarray | None],
+    *,
+    binary: Mapping[str, bool] | None = None,
+    header_fields: Mapping[str, Any] | None = None,
+) -> EncodedBody:
+    """OIP response form; outputs flagged binary (all by default) follow the header as raw bytes.
+
+    When no output is binary this is a plain JSON OIP response.
+    """
+    entries: list[dict[str, Any]] = []
+    chunks: list[bytes | memoryview] = []
+    for name, arr in outputs.items():
+        if arr is None:
+            continue
+        entry: dict[str, Any] = {"name": name, "datatype": datatype_of(arr), "shape": list(arr.shape)}
+        if binary is None or binary.get(name, binary.get("*", True)):
+            raw = _raw(arr)
+            entry["parameters"] = {"binary_data_size": raw.nbytes}
+            chunks.append(raw)
+        else:
+            entry["data"] = _plain(arr, flat=True)
+        entries.append(entry)
+    header = orjson.dumps({**(header_fields or {}), "outputs": entries}, option=_JSON_OPTS)
+    if not chunks:
+        return EncodedBody([header], "application/json")
+    return EncodedBody(
+        [header, *chunks], "application/octet-stream", headers={"Inference-Header-Content-Length": str(len(header))}
+    )
+
+
+def encode_v2(
+    model: str, request: Decoded, outputs: Mapping[str, np.ndarray | None], version: str = "1"
+) -> EncodedBody:
+    """The OIP v2 response: outputs asked for (all by default), each binary or JSON as asked."""
+    chosen = {k: v for k, v in outputs.items() if request.outputs is None or k in request.outputs}
+    fields: dict[str, Any] = {"model_name": model, "model_version": version}
+    if request.request_id is not None:
+        fields["id"] = request.request_id
+    return encode_binary(chosen, binary=request.binary_outputs, header_fields=fields)
+
+
+def check_outputs_known(request: Decoded, known: Iterable[str]) -> None:
+    """A /v2 request naming an output the model does not have is a 400."""
+    if request.outputs is None:
+        return
+    unknown = [o for o in request.outputs if o not in set(known)]
+    if unknown:
+        raise bad_request("unknown_output", f"unknown outputs {unknown}; this model has {sorted(known)}")

@@ -1,0 +1,188 @@
+"""The five operations the service exposes, described once for the native and /v2 routes.
+
+Each :class:`Operation` names its input tensors, its boolean options with their
+defaults, its outputs, and the ``lu_core`` call that computes them. Before a
+request is queued, :meth:`Operation.prepare` checks the tensors and options
+that are present and bounds the size of the answer, so a small request cannot
+ask for an enormous result (``lu_unpack`` of a tall matrix, a broadcast solve).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+import lu_core
+from service.errors import invalid
+
+__all__ = ["OPERATIONS", "Operation"]
+
+Arrays = Mapping[str, Any]
+Outputs = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Operation:
+    name: str
+    summary: str
+    inputs: tuple[str, ...]
+    options: Mapping[str, bool]
+    outputs: tuple[str, ...]
+    compute: Callable[[Arrays, Mapping[str, bool]], Outputs]
+    output_elements: Callable[[Arrays, Mapping[str, bool]], int]
+
+    def prepare(self, tensors: Arrays, options: Mapping[str, Any], max_elements: int) -> dict[str, bool]:
+        """Check names and option types, bound the output size; return the options with defaults."""
+        unknown = sorted(set(tensors) - set(self.inputs))
+        if unknown:
+            raise invalid("unknown_input", f"{self.name} takes inputs {list(self.inputs)}, not {unknown}")
+        missing = [n for n in self.inputs if n not in tensors]
+        if missing:
+            raise invalid("missing_input", f"{self.name} needs input {missing[0]!r}")
+        opts = dict(self.options)
+        for key, value in options.items():
+            if key not in self.options:
+                raise invalid(
+                    "unknown_option", f"{self.name} has no option {key!r}; its options are {sorted(self.options)}"
+                )
+            if not isinstance(value, bool):
+                raise invalid("invalid_option", f"{key}: expected true or false, got {value!r}")
+            opts[key] = value
+        count = self.output_elements(tensors, opts)
+        if count > max_elements:
+            raise invalid(
+                "output_too_large",
+                f"{self.name} would return {count} elements, more than LU_MAX_ELEMENTS = {max_elements}",
+            )
+        return opts
+
+
+def _dims(a: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in getattr(a, "shape", ()))
+
+
+def _batch(shape: tuple[int, ...]) -> int:
+    return math.prod(shape[:-2]) if len(shape) >= 2 else 1
+
+
+def _factor_size(t: Arrays, _: Mapping[str, bool]) -> int:
+    s = _dims(t["A"])
+    if len(s) < 2:
+        return 0  # lu_core raises a shape error
+    return math.prod(s) + 2 * _batch(s) * min(s[-2:])
+
+
+def _unpack_size(shape: tuple[int, ...], data: bool, pivots: bool) -> int:
+    if len(shape) < 2:
+        return 0
+    m, n = shape[-2:]
+    k = min(m, n)
+    return _batch(shape) * ((m * k + k * n) * data + m * m * pivots)
+
+
+def _broadcast_batch(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    try:
+        return math.prod(np.broadcast_shapes(a[:-2], b[:-2]))
+    except ValueError:
+        return 0  # lu_core raises a shape error
+
+
+def _solve_size(t: Arrays, _: Mapping[str, bool], lhs: str) -> int:
+    a, b = _dims(t[lhs]), _dims(t["B"])
+    if len(a) < 2 or len(b) < 1:
+        return 0
+    if len(b) < 2:
+        return math.prod(b)
+    return _broadcast_batch(a, b) * b[-2] * b[-1]
+
+
+def _lu_factor(t: Arrays, o: Mapping[str, bool]) -> Outputs:
+    LU, piv, info = lu_core.lu_factor_ex(t["A"], pivot=o["pivot"])
+    return {"LU": LU, "pivots": piv, "info": info}
+
+
+def _lu_unpack(t: Arrays, o: Mapping[str, bool]) -> Outputs:
+    P, L, U = lu_core.lu_unpack(t["LU"], t["pivots"], unpack_data=o["unpack_data"], unpack_pivots=o["unpack_pivots"])
+    return {"P": P, "L": L, "U": U}
+
+
+def _lu_solve(t: Arrays, o: Mapping[str, bool]) -> Outputs:
+    X = lu_core.lu_solve(
+        t["LU"], t["pivots"], t["B"], left=o["left"], adjoint=o["adjoint"], check_errors=o["check_errors"]
+    )
+    return {"X": X}
+
+
+def _lu(t: Arrays, o: Mapping[str, bool]) -> Outputs:
+    P, L, U = lu_core.lu(t["A"], pivot=o["pivot"])
+    return {"P": P, "L": L, "U": U}
+
+
+def _solve(t: Arrays, o: Mapping[str, bool]) -> Outputs:
+    return {"X": lu_core.solve(t["A"], t["B"], left=o["left"], check_errors=o["check_errors"])}
+
+
+def _quiet(fn: Callable[[Arrays, Mapping[str, bool]], Outputs]) -> Callable[[Arrays, Mapping[str, bool]], Outputs]:
+    """Singular systems answered with check_errors=false hold inf/NaN by design: no warnings."""
+
+    def run(t: Arrays, o: Mapping[str, bool]) -> Outputs:
+        with np.errstate(all="ignore"):
+            return fn(t, o)
+
+    return run
+
+
+OPERATIONS: dict[str, Operation] = {
+    op.name: op
+    for op in (
+        Operation(
+            "lu_factor",
+            "LU factorization with partial pivoting; info reports singular matrices, never an error.",
+            ("A",),
+            {"pivot": True},
+            ("LU", "pivots", "info"),
+            _quiet(_lu_factor),
+            _factor_size,
+        ),
+        Operation(
+            "lu_unpack",
+            "P, L, U from a packed factorization and its 1-based pivots.",
+            ("LU", "pivots"),
+            {"unpack_data": True, "unpack_pivots": True},
+            ("P", "L", "U"),
+            _quiet(_lu_unpack),
+            lambda t, o: _unpack_size(_dims(t["LU"]), o["unpack_data"], o["unpack_pivots"]),
+        ),
+        Operation(
+            "lu_solve",
+            "Solve A X = B (or X A = B) from A's factorization; broadcasts batch dimensions.",
+            ("LU", "pivots", "B"),
+            {"left": True, "adjoint": False, "check_errors": True},
+            ("X",),
+            _quiet(_lu_solve),
+            lambda t, o: _solve_size(t, o, "LU"),
+        ),
+        Operation(
+            "lu",
+            "P, L, U of A in one call.",
+            ("A",),
+            {"pivot": True},
+            ("P", "L", "U"),
+            _quiet(_lu),
+            lambda t, o: _unpack_size(_dims(t["A"]), True, True),
+        ),
+        Operation(
+            "solve",
+            "Factor and solve A X = B (or X A = B) in one call.",
+            ("A", "B"),
+            {"left": True, "check_errors": True},
+            ("X",),
+            _quiet(_solve),
+            lambda t, o: _solve_size(t, o, "A"),
+        ),
+    )
+}

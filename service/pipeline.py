@@ -1,0 +1,69 @@
+"""decode → check → compute on the worker → encode: the path every POST takes.
+
+The native and ``/v2`` routes differ only in how the body is decoded and the
+answer encoded; both come from :mod:`service.codec`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from starlette.requests import Request
+
+from service.codec import (
+    Decoded,
+    EncodedBody,
+    check_outputs_known,
+    decode_binary,
+    decode_native_json,
+    decode_v2_json,
+    encode_binary,
+    encode_native_json,
+    encode_v2,
+)
+from service.operations import Operation
+from service.transport import BodyResponse, offload, request_format
+
+__all__ = ["serve_native", "serve_v2"]
+
+
+async def _compute(request: Request, op: Operation, decoded: Decoded) -> dict[str, Any]:
+    state = request.app.state
+    options = op.prepare(decoded.tensors, decoded.options, state.settings.max_elements)
+    return await state.worker.submit(op.name, op.compute, decoded.tensors, options)
+
+
+def _out_bytes(outputs: dict[str, Any]) -> int:
+    return sum(v.nbytes for v in outputs.values() if v is not None)
+
+
+async def _encode(outputs: dict[str, Any], fn: Callable[..., EncodedBody], *args: Any) -> BodyResponse:
+    return BodyResponse(await offload(_out_bytes(outputs), fn, *args))
+
+
+async def serve_native(request: Request, op: Operation) -> BodyResponse:
+    fmt, header_length = request_format(request)
+    body = await request.body()
+    limit = request.app.state.settings.max_elements
+    if fmt == "binary":
+        decoded = await offload(len(body), decode_binary, body, header_length, limit)
+    else:
+        decoded = await offload(len(body), decode_native_json, body, op.inputs, limit)
+    outputs = await _compute(request, op, decoded)
+    if fmt == "binary":
+        return await _encode(outputs, encode_binary, outputs)
+    return await _encode(outputs, encode_native_json, outputs)
+
+
+async def serve_v2(request: Request, op: Operation, version: str) -> BodyResponse:
+    fmt, header_length = request_format(request)
+    body = await request.body()
+    limit = request.app.state.settings.max_elements
+    if fmt == "binary":
+        decoded = await offload(len(body), decode_binary, body, header_length, limit)
+    else:
+        decoded = await offload(len(body), decode_v2_json, body, limit)
+    check_outputs_known(decoded, op.outputs)
+    outputs = await _compute(request, op, decoded)
+    return await _encode(outputs, encode_v2, op.name, decoded, outputs, version)

@@ -1,0 +1,1 @@
+"""HTTP routes: thin functions that hand the request to :mod:`service.pipeline`."""

@@ -1,0 +1,64 @@
+"""Reading request bodies in the right format and sending encoded bodies without joining them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal, TypeVar
+
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from service.codec import HEADER_LENGTH, EncodedBody
+from service.errors import ServiceError, bad_request
+
+__all__ = ["BodyResponse", "offload", "request_format"]
+
+T = TypeVar("T")
+
+# Below this many bytes, decoding or encoding on the event loop is cheaper than a thread hop.
+OFFLOAD_BYTES = 1 << 20
+
+
+def request_format(request: Request) -> tuple[Literal["json", "binary"], str | None]:
+    """``("binary", header_length)`` for the OIP binary framing, ``("json", None)`` for JSON; 415 otherwise."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    header_length = request.headers.get(HEADER_LENGTH)
+    if content_type not in ("", "application/json", "application/octet-stream"):
+        raise ServiceError(
+            415,
+            "unsupported_media_type",
+            f"content type {content_type!r} is not supported: send application/json, or application/octet-stream "
+            "with Inference-Header-Content-Length",
+        )
+    if header_length is not None:
+        return "binary", header_length
+    if content_type == "application/octet-stream":
+        raise bad_request("malformed_header", "a binary body needs the Inference-Header-Content-Length header")
+    return "json", None
+
+
+async def offload(nbytes: int, fn: Callable[..., T], *args: object) -> T:
+    """Run CPU-heavy (de)serialisation of big bodies off the event loop."""
+    if nbytes < OFFLOAD_BYTES:
+        return fn(*args)
+    return await anyio.to_thread.run_sync(fn, *args)
+
+
+class BodyResponse(Response):
+    """Sends an :class:`EncodedBody` chunk by chunk with its exact Content-Length (no join copy)."""
+
+    def __init__(self, body: EncodedBody, status_code: int = 200) -> None:
+        self._chunks = body.chunks
+        super().__init__(status_code=status_code, media_type=body.media_type, headers=body.headers)
+        self.headers["content-length"] = str(body.length)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        if scope.get("method") == "HEAD":
+            await send({"type": "http.response.body", "body": b""})
+            return
+        last = len(self._chunks) - 1
+        for i, chunk in enumerate(self._chunks):
+            await send({"type": "http.response.body", "body": chunk, "more_body": i < last})

@@ -1,0 +1,164 @@
+"""The one thread that owns the device, fed by a bounded queue.
+
+Compute never runs on the event loop: a route awaits :meth:`DeviceWorker.submit`,
+which queues the job or, when ``LU_MAX_QUEUE`` jobs already wait, fails at once
+with a 503 and ``Retry-After`` so that load balancers and clients back off.
+Jobs run one at a time, in order; a job whose client went away before it
+started is skipped. Out-of-memory on the device is answered with a 503 and the
+worker frees its cached memory and goes on serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from service.device import Compute, Device
+from service.errors import unavailable
+from service.metrics import Metrics
+
+__all__ = ["DeviceWorker"]
+
+log = logging.getLogger("service.worker")
+
+
+@dataclass
+class _Job:
+    name: str
+    compute: Compute
+    tensors: Mapping[str, np.ndarray]
+    options: Mapping[str, bool]
+    future: asyncio.Future[dict[str, Any]]
+    loop: asyncio.AbstractEventLoop
+    queued_at: float
+
+
+_STOP = object()
+
+
+class DeviceWorker:
+    def __init__(self, device: Device, metrics: Metrics, *, max_queue: int, retry_after_s: int) -> None:
+        self.device = device
+        self._metrics = metrics
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        self._retry_after_s = retry_after_s
+        self._thread = threading.Thread(target=self._loop, name=f"lu-{device.kind}-worker", daemon=True)
+        self._accepting = False
+        self._started = threading.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        self._thread.start()
+        self._started.wait()
+        self._accepting = True
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Refuse new jobs, finish the queued ones, then end the thread."""
+        self._accepting = False
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the worker thread and wait (startup work such as warm-up)."""
+        done = threading.Event()
+        box: dict[str, Any] = {}
+
+        def job() -> None:
+            try:
+                box["value"] = fn()
+            except BaseException as exc:
+                box["error"] = exc
+            finally:
+                done.set()
+
+        self._queue.put(job)
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box.get("value")
+
+    @property
+    def depth(self) -> int:
+        return self._queue.qsize()
+
+    # ------------------------------------------------------------------ submitting
+
+    async def submit(
+        self, name: str, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]
+    ) -> dict[str, Any]:
+        if not self._accepting:
+            raise unavailable("shutting_down", "the service is not accepting work", self._retry_after_s)
+        loop = asyncio.get_running_loop()
+        job = _Job(name, compute, tensors, options, loop.create_future(), loop, time.perf_counter())
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            self._metrics.rejected.labels("queue_full").inc()
+            raise unavailable(
+                "overloaded",
+                f"{self._queue.maxsize} requests are already waiting for the {self.device.kind}; retry later",
+                self._retry_after_s,
+            ) from None
+        self._metrics.queue_depth.set(self._queue.qsize())
+        return await job.future
+
+    # ------------------------------------------------------------------ the thread
+
+    def _loop(self) -> None:
+        try:
+            self.device.thread_init()
+        finally:
+            self._started.set()
+        while True:
+            item = self._queue.get()
+            self._metrics.queue_depth.set(self._queue.qsize())
+            if item is _STOP:
+                return
+            if callable(item):
+                item()
+                continue
+            self._run(item)
+
+    def _run(self, job: _Job) -> None:
+        if job.future.cancelled():  # the client left while the job waited
+            return
+        start = time.perf_counter()
+        self._metrics.queue_wait.observe(start - job.queued_at)
+        try:
+            result: Any = self.device.run(job.compute, job.tensors, job.options)
+            ok = True
+        except Exception as exc:
+            ok, result = False, self._translate(exc)
+        self._metrics.compute_seconds.labels(job.name, self.device.kind).observe(time.perf_counter() - start)
+        job.loop.call_soon_threadsafe(_settle, job.future, ok, result)
+
+    def _translate(self, exc: Exception) -> Exception:
+        if self.device.is_out_of_memory(exc):
+            log.warning("out of %s memory: %s", self.device.kind, exc)
+            self._metrics.rejected.labels("out_of_memory").inc()
+            self.device.release_memory()
+            return unavailable(
+                "out_of_memory",
+                f"the {self.device.kind} ran out of memory for this request; retry later or send a smaller one",
+                self._retry_after_s,
+            )
+        return exc  # lu_core's errors (422 in the handler) and bugs (500, logged there)
+
+
+def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if future.cancelled():
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
