@@ -357,7 +357,7 @@ def decode_binary(body: bytes, header_length: str | int, max_elements: int) -> D
 def _plain(arr: np.ndarray, flat: bool) -> Any:
     """What orjson writes for ``arr``: the array itself, or lists with the non-finite strings."""
     if arr.dtype.kind == "c":
-        arr = np.asarray(arr, order="C").view(arr.real.dtype).reshape(*arr.shape, 2)
+        arr = np.stack((arr.real, arr.imag), axis=-1)
         if flat:
             arr = arr.reshape(-1, 2)
     elif flat:
@@ -388,8 +388,8 @@ def encode_native_json(outputs: Mapping[str, np.ndarray | None]) -> EncodedBody:
 
 
 def _raw(arr: np.ndarray) -> memoryview:
-    le = arr.dtype.newbyteorder("<")
-    return memoryview(np.asarray(arr, dtype=le, order="C")).cast("B")
+    flat = np.asarray(arr, dtype=arr.dtype.newbyteorder("<"), order="C").reshape(-1)
+    return memoryview(flat.view(np.uint8))
 
 
 def datatype_of(arr: np.ndarray) -> str:

@@ -146,7 +146,9 @@ class TestSolve:
             lu_core.lu_solve(LU, piv, B)  # the default does not check, as in PyTorch
         good = lu_core.lu_solve(LU[0], piv[0], B[0], check_errors=True)
         np.testing.assert_allclose(A[0] @ good, B[0], atol=1e-12)
-        empty = lu_core.lu_solve(np.zeros((2, 0, 0)), np.zeros((2, 0), np.int32), np.zeros((2, 0, 1)), check_errors=True)
+        empty = lu_core.lu_solve(
+            np.zeros((2, 0, 0)), np.zeros((2, 0), np.int32), np.zeros((2, 0, 1)), check_errors=True
+        )
         assert empty.shape == (2, 0, 1)
 
     def test_singular_raises_naming_batch_index(self, rng):

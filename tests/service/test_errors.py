@@ -1,0 +1,196 @@
+"""The error model: every bad input gets its status, a stable code and the request id; never a 500."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.service.wire import binary_request
+
+pytestmark = pytest.mark.anyio
+
+A2 = [[3.0, 1.0], [1.0, 2.0]]
+
+
+def assert_error(r, status: int, code: str) -> dict:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["code"] == code, body
+    assert body["request_id"] == r.headers["x-request-id"]
+    assert isinstance(body["error"], str) and body["error"]
+    return body
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "code"),
+    [
+        ("/lu_factor", b"{", 400, "malformed_json"),
+        ("/lu_factor", b"[1, 2]", 400, "malformed_body"),
+        ("/lu_factor", b'{"A": [[1, 2], [3]]}', 400, "malformed_tensor"),
+        ("/lu_factor", b'{"A": [[1, "x"], [3, 4]]}', 400, "malformed_tensor"),
+        ("/lu_factor", b'{"A": [[1, "1.5"], [3, 4]]}', 400, "malformed_tensor"),
+        ("/lu_factor", b'{"A": [[true, false], [false, true]]}', 400, "malformed_tensor"),
+        ("/lu_factor", b'{"A": [[1, null], [3, 4]]}', 400, "malformed_tensor"),
+        ("/lu_factor", b'{"A": "abc"}', 400, "malformed_tensor"),
+        ("/lu_factor", b'{"A": {"shape": [2, 2], "data": [1, 2, 3]}}', 400, "shape_mismatch"),
+        ("/lu_factor", b'{"A": {"shape": [2, -2], "data": []}}', 400, "malformed_tensor"),
+        ("/lu_factor", b'{"A": {"data": [1], "extra": 1}}', 400, "malformed_tensor"),
+        ("/lu_factor", b'{"A": {"shape": [2, 2]}}', 400, "malformed_tensor"),
+        ("/lu_factor", b'{"A": {"dtype": "complex128", "shape": [1, 1], "data": [[1]]}}', 400, "malformed_tensor"),
+        ("/lu_factor", b'{"A": {"dtype": "float16", "data": [[1]]}}', 422, "invalid_dtype"),
+        ("/lu_factor", b'{"A": [1, 2, 3]}', 422, "invalid_shape"),
+        ("/lu_factor", b"{}", 422, "missing_input"),
+        ("/lu_factor", b'{"A": [[1]], "pivot": "yes"}', 422, "invalid_option"),
+        ("/lu_factor", b'{"A": [[1]], "pivto": true}', 422, "unknown_option"),
+        ("/lu_solve", b'{"LU": [[1, 0], [0, 1]], "pivots": [1, 2], "B": [[1], [2], [3]]}', 422, "invalid_shape"),
+        ("/lu_solve", b'{"LU": [[1, 0], [0, 1]], "pivots": [0, 2], "B": [[1], [2]]}', 422, "invalid_pivots"),
+        ("/lu_solve", b'{"LU": [[1, 0], [0, 1]], "pivots": [1.5, 2], "B": [[1], [2]]}', 422, "invalid_dtype"),
+        ("/lu_unpack", b'{"LU": [[1, 0], [0, 1]], "pivots": [99999999999, 2]}', 422, "invalid_pivots"),
+        ("/lu_unpack", b'{"LU": [[1, 0], [0, 1]], "pivots": {"dtype": "int32", "data": [3e9, 1]}}', 400, "malformed_tensor"),
+        ("/solve", b'{"A": [[1, 2], [3, 4]], "B": [[1, 2], [3, 4]], "adjoint": true}', 422, "unknown_option"),
+        ("/v2/models/solve/infer", b'{"inputs": 3}', 400, "malformed_body"),
+        ("/v2/models/solve/infer", b'{"inputs": [{"name": "A", "shape": [1], "datatype": "FP64"}]}', 400, "malformed_tensor"),
+        ("/v2/models/lu/infer", b'{"inputs": [{"name": "A", "shape": [1, 1], "datatype": "STR", "data": [1]}]}', 422, "invalid_dtype"),
+        ("/v2/models/lu/infer", b'{"inputs": [{"name": "Z", "shape": [1, 1], "datatype": "FP64", "data": [1]}]}', 422, "unknown_input"),
+        ("/v2/models/lu/infer", b'{"inputs": [], "outputs": [{"name": "X"}]}', 400, "unknown_output"),
+        ("/v2/models/lu/infer", b'{"inputs": [], "id": 5}', 400, "malformed_body"),
+    ],
+)  # fmt: skip
+async def test_malformed_and_invalid_bodies(client, path, body, status, code):
+    r = await client.post(path, content=body, headers={"content-type": "application/json"})
+    assert_error(r, status, code)
+
+
+async def test_singular_systems_are_422_with_indices(client):
+    A = np.stack([np.eye(2), np.zeros((2, 2)), np.eye(2)]).tolist()
+    body = assert_error(await client.post("/solve", json={"A": A, "B": [1.0, 1.0]}), 422, "singular_matrix")
+    assert body["indices"] == [[1]] and body["info"] == [1]
+    LU = [[[1.0, 0.0], [0.0, 0.0]], [[1.0, 0.0], [0.0, 1.0]]]
+    piv = [[1, 2], [1, 2]]
+    body = assert_error(
+        await client.post("/lu_solve", json={"LU": LU, "pivots": piv, "B": [[1.0], [1.0]]}), 422, "singular_matrix"
+    )
+    assert body["indices"] == [[0]] and body["info"] == [2]
+    r = await client.post("/lu_solve", json={"LU": LU, "pivots": piv, "B": [[1.0], [1.0]], "check_errors": False})
+    assert r.status_code == 200
+    r = await client.post("/lu_factor", json={"A": [[0.0, 0.0], [0.0, 0.0]]})
+    assert r.status_code == 200 and r.json()["info"]["data"] == 1
+
+
+@pytest.mark.parametrize(
+    ("mutate", "code"),
+    [
+        (lambda h, b: ({**h, "inference-header-content-length": "abc"}, b), "malformed_header"),
+        (lambda h, b: ({**h, "inference-header-content-length": "0"}, b), "malformed_header"),
+        (lambda h, b: ({**h, "inference-header-content-length": str(len(b) + 1)}, b), "malformed_header"),
+        (lambda h, b: (h, b[:-8]), "truncated_body"),
+        (lambda h, b: (h, b + b"\0" * 8), "malformed_body"),
+        (lambda h, b: ({"content-type": "application/octet-stream"}, b), "malformed_header"),
+    ],
+)
+async def test_binary_framing_errors(client, mutate, code):
+    body, headers = binary_request({"A": np.eye(3)})
+    headers, body = mutate(headers, body)
+    assert_error(await client.post("/lu_factor", content=body, headers=headers), 400, code)
+
+
+async def test_binary_size_must_match_shape(client):
+    body, headers = binary_request({"A": np.eye(3)})
+    hlen = int(headers["inference-header-content-length"])
+    header = json.loads(body[:hlen])
+    header["inputs"][0]["shape"] = [3, 2]
+    new = json.dumps(header).encode()
+    r = await client.post(
+        "/lu_factor", content=new + body[hlen:], headers={**headers, "inference-header-content-length": str(len(new))}
+    )
+    assert_error(r, 400, "shape_mismatch")
+
+
+async def test_unsupported_content_type_is_415(client):
+    r = await client.post("/solve", content=b"A=1", headers={"content-type": "application/x-www-form-urlencoded"})
+    assert_error(r, 415, "unsupported_media_type")
+
+
+async def test_unknown_route_and_method(client):
+    assert_error(await client.post("/qr", json={}), 404, "not_found")
+    assert_error(await client.get("/solve"), 405, "method_not_allowed")
+
+
+async def test_content_length_over_limit_is_413_before_reading(make_client):
+    client = await make_client(max_request_bytes=1000)
+    read = []
+
+    async def body():
+        read.append(1)
+        yield b"x" * 10
+
+    r = await client.post(
+        "/solve", content=body(), headers={"content-length": "5000", "content-type": "application/json"}
+    )
+    assert_error(r, 413, "request_too_large")
+    assert read == []  # the body was never pulled
+
+
+async def test_streamed_body_over_limit_is_413(make_client):
+    client = await make_client(max_request_bytes=1000)
+
+    async def chunks():
+        for _ in range(100):
+            yield b" " * 100
+
+    r = await client.post("/solve", content=chunks(), headers={"content-type": "application/json"})
+    assert "content-length" not in r.request.headers
+    assert_error(r, 413, "request_too_large")
+
+
+async def test_declared_elements_over_limit_is_413(make_client, rng):
+    client = await make_client(max_elements=100)
+    assert_error(await client.post("/lu_factor", json={"A": {"shape": [11, 10], "data": []}}), 413, "too_many_elements")
+    body, headers = binary_request({"A": rng.standard_normal((11, 10))})
+    assert_error(await client.post("/lu_factor", content=body, headers=headers), 413, "too_many_elements")
+    r = await client.post("/lu_factor", json={"A": np.zeros((11, 10)).tolist()})
+    assert_error(r, 413, "too_many_elements")
+
+
+async def test_output_bound_is_checked_before_computing(make_client):
+    client = await make_client(max_elements=10_000)
+    # A 5000 x 1 matrix is 5000 elements in, but its P would be 25 million out.
+    r = await client.post("/lu", json={"A": {"shape": [5000, 1], "data": [1.0] * 5000}})
+    assert_error(r, 422, "output_too_large")
+    r = await client.post(
+        "/lu_solve",
+        json={"LU": {"shape": [50, 1, 2, 2], "data": [1.0] * 200}, "pivots": {"shape": [50, 1, 2], "data": [1] * 100},
+              "B": {"shape": [1, 60, 2, 2], "data": [1.0] * 240}},
+    )  # fmt: skip
+    assert_error(r, 422, "output_too_large")
+
+
+async def test_request_id_is_echoed_or_generated(client):
+    r = await client.get("/healthz", headers={"x-request-id": "abc-123"})
+    assert r.headers["x-request-id"] == "abc-123"
+    r = await client.post("/lu_factor", content=b"{", headers={"x-request-id": "bad id\twith space"})
+    assert r.headers["x-request-id"] != "bad id\twith space" and len(r.headers["x-request-id"]) == 32
+    assert r.json()["request_id"] == r.headers["x-request-id"]
+
+
+async def test_api_key(make_client):
+    client = await make_client(api_key="first-key, second-key")
+    for path in ("/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"):
+        assert (await client.get(path)).status_code == 200
+    for method, path in (("POST", "/solve"), ("GET", "/v2"), ("GET", "/v2/models/lu"), ("GET", "/metrics")):
+        r = await client.request(method, path, json={"A": A2, "B": [1.0, 1.0]})
+        assert_error(r, 401, "unauthorized")
+        assert r.headers["www-authenticate"] == "Bearer"
+        r = await client.request(
+            method, path, json={"A": A2, "B": [1.0, 1.0]}, headers={"authorization": "Bearer nope"}
+        )
+        assert_error(r, 401, "unauthorized")
+        for key in ("first-key", "second-key"):
+            r = await client.request(
+                method, path, json={"A": A2, "B": [1.0, 1.0]}, headers={"authorization": f"Bearer {key}"}
+            )
+            assert r.status_code == 200, r.text
+    r = await client.post("/v2/models/lu/infer", json={"inputs": []}, headers={"authorization": "Basic first-key"})
+    assert_error(r, 401, "unauthorized")

@@ -1,0 +1,107 @@
+"""/healthz, /readyz, /metrics, structured logs, settings and device selection."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+
+from service.config import Settings
+from service.device import DeviceUnavailableError, select_device
+from service.logs import JsonFormatter, configure_logging
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_healthz_and_readyz(client):
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    body = (await client.get("/readyz")).json()
+    assert body["status"] == "ready"
+    assert body["device"]["kind"] == "cpu"
+    assert body["versions"]["numpy"] and body["versions"]["lu-service"]
+    assert body["queue"]["max"] == 64
+
+
+async def test_readyz_is_503_until_warm(make_client):
+    client = await make_client()
+    client.app.state.ready.clear()
+    r = await client.get("/readyz")
+    assert r.status_code == 503 and r.json()["status"] == "starting"
+    assert (await client.get("/v2/health/ready")).status_code == 503
+    assert (await client.get("/v2/models/lu/ready")).status_code == 503
+
+
+async def test_warmup_runs_every_operation_before_ready(make_client):
+    client = await make_client(warmup=True)
+    assert (await client.get("/readyz")).status_code == 200
+    metrics = (await client.get("/metrics")).text
+    assert "lu_device_info" in metrics
+
+
+async def test_metrics_count_requests_bytes_and_compute(client):
+    await client.post("/solve", json={"A": [[2.0]], "B": [4.0]})
+    await client.post("/solve", content=b"{")
+    text = (await client.get("/metrics")).text
+    assert 'lu_requests_total{device="cpu",endpoint="/solve",method="POST",status="200"} 1.0' in text
+    assert 'lu_requests_total{device="cpu",endpoint="/solve",method="POST",status="400"} 1.0' in text
+    assert 'lu_compute_seconds_count{device="cpu",operation="solve"} 1.0' in text
+    assert 'lu_errors_total{code="malformed_json"} 1.0' in text
+    assert 'lu_request_bytes_total{endpoint="/solve"}' in text
+    assert "lu_queue_wait_seconds_count 1.0" in text
+    assert 'lu_device_info{device="cpu"' in text
+
+
+async def test_openapi_documents_every_route(client):
+    doc = (await client.get("/openapi.json")).json()
+    for path in ("/lu_factor", "/lu_unpack", "/lu_solve", "/lu", "/solve", "/v2/models/{model}/infer"):
+        body = doc["paths"][path]["post"]["requestBody"]["content"]
+        assert {"application/json", "application/octet-stream"} <= set(body)
+    assert set(doc["paths"]["/lu_solve"]["post"]["responses"]) >= {"200", "400", "413", "422", "503"}
+
+
+def test_json_logs_carry_the_request_id():
+    record = logging.makeLogRecord({"name": "x", "msg": "hello %s", "args": ("you",), "levelno": 20,
+                                    "levelname": "INFO", "request_id": "r-1", "status": 200})  # fmt: skip
+    line = json.loads(JsonFormatter().format(record))
+    assert line["msg"] == "hello you" and line["request_id"] == "r-1" and line["status"] == 200
+
+
+async def test_access_log_lines_are_json_with_the_request_id(client, capsys):
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    configure_logging("info", json_lines=True)
+    try:
+        await client.get("/healthz", headers={"x-request-id": "trace-me"})
+    finally:
+        root.handlers[:], _ = saved[0], root.setLevel(saved[1])
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    access = next(x for x in lines if x["logger"] == "service.access")
+    assert access["request_id"] == "trace-me" and access["status"] == 200 and access["path"] == "/healthz"
+    assert access["duration_ms"] >= 0 and access["level"] == "info"
+
+
+def test_settings_come_from_lu_environment(monkeypatch):
+    monkeypatch.setenv("LU_PORT", "9001")
+    monkeypatch.setenv("LU_MAX_REQUEST_BYTES", "1234")
+    monkeypatch.setenv("LU_API_KEY", "a, b")
+    monkeypatch.setenv("PORT", "1")  # not ours
+    s = Settings()
+    assert s.port == 9001 and s.max_request_bytes == 1234 and s.api_keys == (b"a", b"b")
+    monkeypatch.setenv("LU_DEVICE", "tpu")
+    with pytest.raises(ValueError, match="device"):
+        Settings()
+    monkeypatch.setenv("LU_DEVICE", "cpu")
+    monkeypatch.setenv("LU_API_KEY", " , ")
+    with pytest.raises(ValueError, match="no key"):
+        Settings()
+
+
+def test_gpu_without_a_gpu_fails_and_auto_falls_back(monkeypatch):
+    import service.device as device_module
+
+    monkeypatch.setattr(device_module, "_gpu_problem", lambda index: "CuPy is not installed")
+    with pytest.raises(DeviceUnavailableError, match="LU_DEVICE=gpu"):
+        select_device(Settings(device="gpu"))
+    auto = select_device(Settings(device="auto"))
+    assert auto.kind == "cpu" and "CuPy is not installed" in auto.describe()["note"]

@@ -1,0 +1,109 @@
+"""The device worker: bounded queue (503 + Retry-After), out-of-memory (503, keeps serving), shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from service.device import CpuDevice
+from service.metrics import Metrics
+from service.operations import OPERATIONS
+from service.worker import DeviceWorker
+
+pytestmark = pytest.mark.anyio
+
+BODY = {"A": [[3.0, 1.0], [1.0, 2.0]], "B": [9.0, 8.0]}
+
+
+class GatedDevice(CpuDevice):
+    """A CPU device whose jobs wait for a gate, so the queue can be filled on purpose."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.started = threading.Event()
+
+    def run(self, compute, tensors, options):
+        self.started.set()
+        self.gate.wait(10)
+        return super().run(compute, tensors, options)
+
+
+async def test_full_queue_answers_503_with_retry_after(make_client):
+    client = await make_client(max_queue=2, retry_after_s=7)
+    device = GatedDevice()
+    client.app.state.worker.device = device
+    running = asyncio.ensure_future(client.post("/solve", json=BODY))
+    await asyncio.to_thread(device.started.wait, 10)
+    queued = [asyncio.ensure_future(client.post("/solve", json=BODY)) for _ in range(2)]
+    while client.app.state.worker.depth < 2:
+        await asyncio.sleep(0.01)
+    r = await client.post("/solve", json=BODY)
+    assert r.status_code == 503 and r.json()["code"] == "overloaded"
+    assert r.headers["retry-after"] == "7"
+    device.gate.set()
+    for done in await asyncio.gather(running, *queued):
+        assert done.status_code == 200 and done.json()["X"]["data"] == [2.0, 3.0]
+    metrics = (await client.get("/metrics")).text
+    assert 'lu_rejected_total{reason="queue_full"} 1.0' in metrics
+
+
+async def test_out_of_memory_is_503_and_the_service_goes_on(make_client):
+    client = await make_client()
+    device = client.app.state.worker.device
+    released = []
+    real_run = device.run
+
+    def failing_run(compute, tensors, options):
+        device.run = real_run
+        raise MemoryError("cannot allocate 64 GiB")
+
+    device.run = failing_run
+    device.release_memory = lambda: released.append(True)
+    r = await client.post("/solve", json=BODY)
+    assert r.status_code == 503 and r.json()["code"] == "out_of_memory" and "retry-after" in r.headers
+    assert released == [True]
+    r = await client.post("/solve", json=BODY)
+    assert r.status_code == 200
+
+
+async def test_an_unexpected_bug_is_a_logged_500_without_internals(make_client, caplog):
+    client = await make_client(raise_app_exceptions=False)
+    device = client.app.state.worker.device
+    real_run = device.run
+
+    def buggy(compute, tensors, options):
+        device.run = real_run
+        raise RuntimeError("secret internal detail")
+
+    device.run = buggy
+    r = await client.post("/solve", json=BODY)
+    assert r.status_code == 500 and r.json()["code"] == "internal_error"
+    assert "secret" not in r.text and "secret internal detail" in caplog.text
+    assert (await client.post("/solve", json=BODY)).status_code == 200
+
+
+def test_stop_finishes_queued_jobs_then_refuses():
+    async def scenario():
+        device = GatedDevice()
+        worker = DeviceWorker(device, Metrics("cpu", "test"), max_queue=4, retry_after_s=1)
+        worker.start()
+        op = OPERATIONS["solve"]
+        opts = dict(op.options)
+        tensors = {"A": np.eye(2), "B": np.ones(2)}
+        jobs = [asyncio.ensure_future(worker.submit("solve", op.compute, tensors, opts)) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        stopper = asyncio.ensure_future(asyncio.to_thread(worker.stop, 10))
+        await asyncio.sleep(0.05)
+        device.gate.set()
+        await stopper
+        results = await asyncio.gather(*jobs)
+        assert all(np.array_equal(r["X"], np.ones(2)) for r in results)
+        with pytest.raises(Exception, match="not accepting") as excinfo:
+            await worker.submit("solve", op.compute, tensors, opts)
+        assert excinfo.value.status == 503
+
+    asyncio.run(scenario())
