@@ -193,7 +193,7 @@ def _typed_tensor(name: str, dtype: np.dtype, shape: tuple[int, ...] | None, dat
 
 def _json_tensor(name: str, value: Any, default: np.dtype, budget: _Budget) -> np.ndarray:
     """A tensor in the native JSON form: nested list, or {"dtype", "shape", "data"}."""
-    if isinstance(value, list):
+    if isinstance(value, list) or (isinstance(value, int | float) and not isinstance(value, bool)):
         arr = _numbers(name, value)
         budget.take(name, arr.size)
         if default.kind == "f" and arr.dtype.kind in "iu":
@@ -212,9 +212,6 @@ def _json_tensor(name: str, value: Any, default: np.dtype, budget: _Budget) -> n
             raise invalid("invalid_dtype", f"{name}: dtype {dtype_name!r} is not one of {', '.join(JSON_DTYPES)}")
         shape = _shape(name, value["shape"]) if "shape" in value else None
         return _typed_tensor(name, np.dtype(dtype_name), shape, value["data"], budget)
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        budget.take(name, 1)
-        return np.array(value, dtype=default)
     raise bad_request("malformed_tensor", f"{name}: expected a nested list or a {{dtype, shape, data}} object")
 
 

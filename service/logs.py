@@ -14,7 +14,7 @@ from service.context import current_request_id
 __all__ = ["configure_logging"]
 
 # Attributes every LogRecord has; anything else was passed in ``extra``.
-_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "request_id"}
+_STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "request_id", "color_message"}
 
 
 class JsonFormatter(logging.Formatter):

@@ -50,13 +50,18 @@ class DeviceWorker:
         self._metrics = metrics
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
         self._retry_after_s = retry_after_s
-        self._thread = threading.Thread(target=self._loop, name=f"lu-{device.kind}-worker", daemon=True)
+        self._thread: threading.Thread | None = None
         self._accepting = False
         self._started = threading.Event()
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
+        """Start the thread (again, after a stop: an app's lifespan may run more than once)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._started.clear()
+        self._thread = threading.Thread(target=self._loop, name=f"lu-{self.device.kind}-worker", daemon=True)
         self._thread.start()
         self._started.wait()
         self._accepting = True
@@ -64,7 +69,7 @@ class DeviceWorker:
     def stop(self, timeout: float | None = None) -> None:
         """Refuse new jobs, finish the queued ones, then end the thread."""
         self._accepting = False
-        if self._thread.is_alive():
+        if self._thread is not None and self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join(timeout)
 

@@ -1,0 +1,173 @@
+"""End to end: `python -m service` as a real uvicorn process on loopback, driven by httpx and tritonclient."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+import lu_core
+from tests.service.wire import binary_request, parse_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        full_env = {**os.environ, "LU_PORT": str(self.port), "LU_DEVICE": "cpu", "PYTHONUNBUFFERED": "1", **env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service"], cwd=ROOT, env=full_env, stderr=subprocess.PIPE, text=True
+        )
+        self.log: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.log.append(line)
+
+    def wait_ready(self, timeout: float = 180) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}: {''.join(self.log)}")
+            try:
+                r = httpx.get(f"{self.url}/readyz", timeout=2)
+                if r.status_code == 200:
+                    return r.json()
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"not ready after {timeout} s: {''.join(self.log)}")
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        finally:
+            self._reader.join(5)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server(LU_WARMUP="true", LU_API_KEY="e2e-key")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        if srv.proc.poll() is None:
+            srv.stop()
+
+
+AUTH = {"authorization": "Bearer e2e-key"}
+
+
+def test_readyz_reports_the_cpu_and_versions(server):
+    body = httpx.get(f"{server.url}/readyz").json()
+    assert body["device"]["kind"] == "cpu" and body["versions"]["lu-service"]
+
+
+def test_json_and_binary_round_trips(server, rng):
+    A = rng.standard_normal((4, 16, 16)) + 16 * np.eye(16)
+    B = rng.standard_normal((4, 16, 3))
+    r = httpx.post(f"{server.url}/solve", json={"A": A.tolist(), "B": B.tolist()}, headers=AUTH)
+    assert r.status_code == 200
+    np.testing.assert_array_equal(np.array(r.json()["X"]["data"]), lu_core.solve(A, B))
+    body, headers = binary_request({"A": A})
+    r = httpx.post(f"{server.url}/lu_factor", content=body, headers={**headers, **AUTH, "x-request-id": "e2e-1"})
+    assert r.headers["x-request-id"] == "e2e-1"
+    _, out = parse_binary(r.content, int(r.headers["inference-header-content-length"]))
+    LU, piv, _ = lu_core.lu_factor_ex(A)
+    np.testing.assert_array_equal(out["LU"], LU)
+    np.testing.assert_array_equal(out["pivots"], piv)
+    assert httpx.post(f"{server.url}/solve", json={}).status_code == 401
+
+
+def test_oversized_body_is_refused_on_a_real_socket(server):
+    big = b"0" * (300 << 20)  # over the default 256 MiB
+    try:
+        r = httpx.post(f"{server.url}/solve", content=big, headers=AUTH, timeout=60)
+    except httpx.TransportError:
+        return  # refused and closed before the upload ended: also a refusal
+    assert r.status_code == 413 and r.json()["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_tritonclient_drives_the_v2_endpoints(server, rng, binary):
+    httpclient = pytest.importorskip("tritonclient.http")
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{server.port}")
+    headers = dict(AUTH)  # tritonclient adds its own headers to the dict it is given
+    assert client.is_server_live(headers=headers)
+    assert client.is_server_ready(headers=headers)
+    assert client.is_model_ready("lu_solve", headers=headers)
+    meta = client.get_model_metadata("lu_solve", headers=headers)
+    assert [i["name"] for i in meta["inputs"]] == ["LU", "pivots", "B"]
+
+    A = (rng.standard_normal((3, 8, 8)) + 8 * np.eye(8)).astype(np.float32)
+    inputs = [httpclient.InferInput("A", list(A.shape), "FP32")]
+    inputs[0].set_data_from_numpy(A, binary_data=binary)
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("LU", "pivots", "info")]
+    result = client.infer("lu_factor", inputs, outputs=outputs, request_id="t-1", headers=dict(AUTH))
+    LU, piv, info = lu_core.lu_factor_ex(A)
+    np.testing.assert_array_equal(result.as_numpy("LU"), LU)
+    np.testing.assert_array_equal(result.as_numpy("pivots"), piv)
+    np.testing.assert_array_equal(result.as_numpy("info"), info)
+    assert result.get_response()["id"] == "t-1"
+
+    B = rng.standard_normal((3, 8, 2)).astype(np.float32)
+    solve_inputs = []
+    for name, arr, dt in (("LU", LU, "FP32"), ("pivots", piv, "INT32"), ("B", B, "FP32")):
+        t = httpclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr, binary_data=binary)
+        solve_inputs.append(t)
+    X = client.infer(
+        "lu_solve", solve_inputs, outputs=[httpclient.InferRequestedOutput("X", binary_data=binary)],
+        parameters={"adjoint": True}, headers=dict(AUTH),
+    ).as_numpy("X")  # fmt: skip
+    np.testing.assert_array_equal(X, lu_core.lu_solve(LU, piv, B, adjoint=True))
+    client.close()
+
+
+def test_gpu_setting_without_a_gpu_fails_at_start():
+    env = {**os.environ, "LU_DEVICE": "gpu", "LU_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [sys.executable, "-m", "service"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and "LU_DEVICE=gpu" in done.stderr
+
+
+def test_graceful_shutdown_finishes_in_flight_requests(rng):
+    srv = Server(LU_WARMUP="false")
+    srv.wait_ready()
+    A = rng.standard_normal((300, 120, 120))
+    body, headers = binary_request({"A": A})
+    answers: list[httpx.Response] = []
+    sender = threading.Thread(
+        target=lambda: answers.append(httpx.post(f"{srv.url}/lu", content=body, headers=headers, timeout=60))
+    )
+    sender.start()
+    time.sleep(0.2)
+    code = srv.stop()
+    sender.join(60)
+    assert code in (0, -signal.SIGTERM), "".join(srv.log)  # uvicorn re-raises the signal once drained
+    assert answers and answers[0].status_code == 200
+    assert any('"msg":"stopped"' in line for line in srv.log)
