@@ -14,11 +14,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Installs what is needed and runs a worked example of the core library (the
-# HTTP service replaces this once it lands).
+# Installs what is needed and starts the HTTP service (LU_ variables configure it;
+# on a host without a GPU it computes on the CPU and says so).
 serve: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
-	$(BIN)/python -m lu_core
+	$(BIN)/python -m service
 
 # Installs the project with its dev extras, checks lint and format, runs every test.
 test: $(BIN)/python

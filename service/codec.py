@@ -100,7 +100,7 @@ class EncodedBody:
 # --------------------------------------------------------------------------- decoding
 
 
-def _loads(body: bytes | memoryview, what: str) -> Any:
+def _loads(body: bytes | bytearray | memoryview, what: str) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -219,7 +219,7 @@ def _default_dtype(name: str) -> np.dtype:
     return np.dtype(np.int32) if name == "pivots" else np.dtype(np.float64)
 
 
-def decode_native_json(body: bytes | memoryview, tensor_names: Iterable[str], max_elements: int) -> Decoded:
+def decode_native_json(body: bytes | bytearray | memoryview, tensor_names: Iterable[str], max_elements: int) -> Decoded:
     """``{"A": ..., "B": ..., "left": true}``: tensors by name, the other keys are options."""
     obj = _loads(body, "the body")
     if not isinstance(obj, dict):
@@ -291,7 +291,7 @@ def _tensor_name(entry: dict[str, Any], seen: dict[str, np.ndarray]) -> str:
     return name
 
 
-def decode_v2_json(body: bytes | memoryview, max_elements: int) -> Decoded:
+def decode_v2_json(body: bytes | bytearray | memoryview, max_elements: int) -> Decoded:
     """An OIP v2 JSON inference request (every tensor inline in ``data``)."""
     header = _loads(body, "the body")
     budget = _Budget(max_elements)
@@ -305,7 +305,7 @@ def decode_v2_json(body: bytes | memoryview, max_elements: int) -> Decoded:
     return _oip_common(header, tensors, binary=False)
 
 
-def decode_binary(body: bytes, header_length: str | int, max_elements: int) -> Decoded:
+def decode_binary(body: bytes | bytearray, header_length: str | int, max_elements: int) -> Decoded:
     """The binary tensor extension: a JSON header, then each input's raw bytes in order."""
     try:
         hlen = int(header_length)

@@ -23,7 +23,7 @@ from service.codec import (
     encode_v2,
 )
 from service.operations import Operation
-from service.transport import BodyResponse, offload, request_format
+from service.transport import BodyResponse, offload, read_body, request_format
 
 __all__ = ["serve_native", "serve_v2"]
 
@@ -44,7 +44,7 @@ async def _encode(outputs: dict[str, Any], fn: Callable[..., EncodedBody], *args
 
 async def serve_native(request: Request, op: Operation) -> BodyResponse:
     fmt, header_length = request_format(request)
-    body = await request.body()
+    body = await read_body(request)
     limit = request.app.state.settings.max_elements
     if fmt == "binary":
         decoded = await offload(len(body), decode_binary, body, header_length, limit)
@@ -58,7 +58,7 @@ async def serve_native(request: Request, op: Operation) -> BodyResponse:
 
 async def serve_v2(request: Request, op: Operation, version: str) -> BodyResponse:
     fmt, header_length = request_format(request)
-    body = await request.body()
+    body = await read_body(request)
     limit = request.app.state.settings.max_elements
     if fmt == "binary":
         decoded = await offload(len(body), decode_binary, body, header_length, limit)

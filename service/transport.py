@@ -13,7 +13,7 @@ from starlette.types import Receive, Scope, Send
 from service.codec import HEADER_LENGTH, EncodedBody
 from service.errors import ServiceError, bad_request
 
-__all__ = ["BodyResponse", "offload", "request_format"]
+__all__ = ["BodyResponse", "offload", "read_body", "request_format"]
 
 T = TypeVar("T")
 
@@ -37,6 +37,31 @@ def request_format(request: Request) -> tuple[Literal["json", "binary"], str | N
     if content_type == "application/octet-stream":
         raise bad_request("malformed_header", "a binary body needs the Inference-Header-Content-Length header")
     return "json", None
+
+
+async def read_body(request: Request) -> bytes | bytearray:
+    """The whole body, copied once into a buffer of the declared length.
+
+    Joining the received chunks afterwards (what ``Request.body`` does) costs a
+    second pass over fresh memory: at 128 MiB, ~2x the time of this single copy.
+    ``RequestMiddleware`` has already bounded the length.
+    """
+    declared = request.headers.get("content-length")
+    if declared is None or not declared.isdigit():
+        return await request.body()  # chunked: the middleware counts as it streams
+    size = int(declared)
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    got = 0
+    async for chunk in request.stream():
+        end = got + len(chunk)
+        if end > size:
+            raise bad_request("malformed_body", f"the body is longer than its Content-Length {size}")
+        view[got:end] = chunk
+        got = end
+    if got != size:
+        raise bad_request("truncated_body", f"the body ended after {got} of {size} bytes")
+    return buffer
 
 
 async def offload(nbytes: int, fn: Callable[..., T], *args: object) -> T:

@@ -67,7 +67,10 @@ def _denan(x: Any) -> Any:
 def from_flat(data: list, dtype: np.dtype, shape: list[int]) -> np.ndarray:
     arr = np.array(_denan(data), dtype=np.float64 if dtype.kind == "c" else dtype)
     if dtype.kind == "c":
-        arr = (arr[..., 0] + 1j * arr[..., 1]).astype(dtype) if arr.size else np.zeros(0, dtype)
+        out = np.empty(arr.shape[:-1] if arr.size else (0,), dtype)
+        if arr.size:  # (re + 1j * im would turn an infinite im into a NaN re)
+            out.real, out.imag = arr[..., 0], arr[..., 1]
+        arr = out
     return arr.reshape(shape)
 
 

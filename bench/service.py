@@ -1,0 +1,377 @@
+"""Service benchmark: transport cost of JSON vs binary, and small-request throughput.
+
+Starts ``python -m service`` on loopback (as a user would) and measures, in one run:
+
+* ``lu_solve`` round trips at n = 256, 1024, 2048, 4096 (float64, one right-hand
+  side; the request carries the n x n factorization) in JSON and in the binary
+  framing, against the in-process ``lu_core.lu_solve`` call and against a plain
+  loopback TCP copy of the same request and response bytes. "Overhead" is
+  (round trip - in-process call) / plain copy: the target for binary is <= 1.5.
+* 8x8 ``/solve`` requests (binary) at 1, 16 and 64 concurrent clients: requests
+  per second and p50/p99 latency.
+
+Client and server share the machine's cores, so on a small VM the client's own
+work is part of every number. Run: ``python -m bench.service [--quick] [--out FILE]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+
+import lu_core
+from bench._timing import machine
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+# --------------------------------------------------------------------------- wire helpers
+
+
+def binary_body(tensors: dict[str, np.ndarray], parameters: dict | None = None) -> tuple[bytes, dict[str, str]]:
+    names = {np.dtype(np.float64): "FP64", np.dtype(np.int32): "INT32"}
+    inputs = [
+        {"name": k, "shape": list(v.shape), "datatype": names[v.dtype], "parameters": {"binary_data_size": v.nbytes}}
+        for k, v in tensors.items()
+    ]
+    header = orjson.dumps({"inputs": inputs, "parameters": parameters or {}})
+    body = b"".join([header, *(np.ascontiguousarray(v).tobytes() for v in tensors.values())])
+    return body, {"content-type": "application/octet-stream", "inference-header-content-length": str(len(header))}
+
+
+def json_body(tensors: dict[str, np.ndarray]) -> bytes:
+    return orjson.dumps({k: np.ascontiguousarray(v) for k, v in tensors.items()}, option=orjson.OPT_SERIALIZE_NUMPY)
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server() -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    env = {
+        **os.environ,
+        "LU_PORT": str(port),
+        "LU_DEVICE": os.environ.get("LU_DEVICE", "auto"),
+        "LU_MAX_REQUEST_BYTES": str(2 << 30),
+        "LU_MAX_ELEMENTS": str(1 << 28),
+        "LU_LOG_LEVEL": "warning",
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("the service did not become ready")
+
+
+class CopyServer:
+    """Plain loopback TCP: reads a request of known size, answers a response of known size."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.port = self.sock.getsockname()[1]
+        self.sizes: tuple[int, int] = (0, 0)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            conn, _ = self.sock.accept()
+            with conn:
+                while True:
+                    need, answer = self.sizes
+                    got = 0
+                    buf = bytearray(1 << 20)
+                    while got < need:
+                        n = conn.recv_into(buf)
+                        if n == 0:
+                            break
+                        got += n
+                    if got < need:
+                        break
+                    conn.sendall(self.reply[:answer])
+
+    def round_trip(self, payload: bytes, answer: int) -> Callable[[], None]:
+        self.sizes = (len(payload), answer)
+        self.reply = bytes(answer)
+        client = socket.create_connection(("127.0.0.1", self.port))
+        buf = bytearray(1 << 20)
+
+        def once() -> None:
+            client.sendall(payload)
+            got = 0
+            while got < answer:
+                got += client.recv_into(buf)
+
+        return once
+
+
+def _content_length(lines: list[str]) -> int:
+    return next(int(v) for k, _, v in (ln.partition(": ") for ln in lines[1:]) if k.lower() == "content-length")
+
+
+class RawHttp:
+    """A minimal HTTP/1.1 keep-alive client over a plain socket.
+
+    Used for the transport numbers so that they measure the service, not the client
+    library: httpx's sync client re-slices a bytes body on every partial send, which
+    costs ~5x a plain copy at 100 MB (lu_client streams bodies in chunks for that reason).
+    """
+
+    def __init__(self, url: str) -> None:
+        host, port = url.removeprefix("http://").split(":")
+        self.sock = socket.create_connection((host, int(port)))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = bytearray(1 << 20)
+
+    def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        head = f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+        self.sock.sendall(head.encode())
+        self.sock.sendall(body)
+        data = bytearray()
+        while b"\r\n\r\n" not in data:
+            data += self.sock.recv(65536)
+        header, _, rest = bytes(data).partition(b"\r\n\r\n")
+        lines = header.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        length = next(
+            int(v) for k, _, v in (line.partition(": ") for line in lines[1:]) if k.lower() == "content-length"
+        )
+        out = bytearray(length)
+        out[: len(rest)] = rest
+        got = len(rest)
+        view = memoryview(out)
+        while got < length:
+            got += self.sock.recv_into(view[got:])
+        return status, bytes(out)
+
+
+def median_time(fn: Callable[[], object], reps: int) -> tuple[float, float]:
+    fn()  # warm-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), (max(times) - min(times))
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def _transport_case(client: RawHttp, copier: CopyServer, n: int, progress: Callable[[str], None]) -> dict:
+    rng = np.random.default_rng(n)
+    A = rng.standard_normal((n, n)) + n * np.eye(n)
+    LU, piv = lu_core.lu_factor(A)
+    LU = np.ascontiguousarray(LU)  # row-major, as the wire carries it and the server receives it
+    B = rng.standard_normal((n, 1))
+    tensors = {"LU": LU, "pivots": piv, "B": B}
+    reps = 7 if n <= 1024 else 3
+    inproc, _ = median_time(lambda: lu_core.lu_solve(LU, piv, B, check_errors=True), reps)
+    bbody, bheaders = binary_body(tensors)
+
+    def post_binary() -> None:
+        status, _ = client.post("/lu_solve", bbody, bheaders)
+        assert status == 200, status
+
+    _, content = client.post("/lu_solve", bbody, bheaders)
+    out_bytes = len(content)
+    X = np.frombuffer(content[-B.nbytes :], np.float64).reshape(B.shape)
+    np.testing.assert_allclose(X, lu_core.lu_solve(LU, piv, B))
+    copy, _ = median_time(copier.round_trip(bbody, out_bytes), reps)
+    binary, _ = median_time(post_binary, reps)
+    progress(f"n={n}: binary {binary * 1e3:.1f} ms (copy {copy * 1e3:.1f}, in-process {inproc * 1e3:.1f})")
+    jbody = json_body(tensors)
+
+    def post_json() -> None:
+        status, content = client.post("/lu_solve", jbody, {"content-type": "application/json"})
+        assert status == 200, status
+        orjson.loads(content)
+
+    jtime, _ = median_time(post_json, 1 if n >= 2048 else reps)
+    progress(f"n={n}: json {jtime * 1e3:.1f} ms")
+    return {
+        "n": n,
+        "in-process ms": inproc * 1e3,
+        "bytes": len(bbody) + out_bytes,
+        "copy ms": copy * 1e3,
+        "binary ms": binary * 1e3,
+        "binary MB/s": (len(bbody) + out_bytes) / binary / 1e6,
+        "binary overhead / copy": (binary - inproc) / copy,
+        "json bytes": len(jbody),
+        "json ms": jtime * 1e3,
+        "json MB/s": len(jbody) / jtime / 1e6,
+        "json / binary": jtime / binary,
+    }
+
+
+def transport(url: str, sizes: list[int], copier: CopyServer, progress: Callable[[str], None]) -> list[dict]:
+    client = RawHttp(url)
+    try:
+        return [_transport_case(client, copier, n, progress) for n in sizes]
+    finally:
+        client.sock.close()
+
+
+async def _concurrency(url: str, clients: int, seconds: float) -> dict:
+    """``clients`` keep-alive connections, each sending its next request when the last is answered."""
+    rng = np.random.default_rng(1)
+    A = rng.standard_normal((8, 8)) + 8 * np.eye(8)
+    B = rng.standard_normal((8, 1))
+    body, headers = binary_body({"A": A, "B": B})
+    head = f"POST /solve HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n"
+    request = (head + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + body
+    host, port = url.removeprefix("http://").split(":")
+    latencies: list[float] = []
+    errors = 0
+    stop = time.perf_counter() + seconds
+
+    async def one_client() -> None:
+        nonlocal errors
+        reader, writer = await asyncio.open_connection(host, int(port))
+        while time.perf_counter() < stop:
+            t0 = time.perf_counter()
+            writer.write(request)
+            header = await reader.readuntil(b"\r\n\r\n")
+            lines = header.decode("latin-1").split("\r\n")
+            length = next(
+                int(v) for k, _, v in (ln.partition(": ") for ln in lines[1:]) if k.lower() == "content-length"
+            )
+            await reader.readexactly(length)
+            if not lines[0].startswith("HTTP/1.1 200"):
+                errors += 1
+            latencies.append(time.perf_counter() - t0)
+        writer.close()
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one_client() for _ in range(clients)))
+    elapsed = time.perf_counter() - t0
+    lat = np.array(latencies) * 1e3
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "req/s": len(latencies) / elapsed,
+        "p50 ms": float(np.percentile(lat, 50)),
+        "p99 ms": float(np.percentile(lat, 99)),
+        "non-200": errors,
+    }
+
+
+def concurrency(url: str, levels: list[int], seconds: float, progress: Callable[[str], None]) -> list[dict]:
+    rows = []
+    for c in levels:
+        row = asyncio.run(_concurrency(url, c, seconds))
+        progress(f"{c} clients: {row['req/s']:.0f} req/s, p50 {row['p50 ms']:.2f} ms, p99 {row['p99 ms']:.2f} ms")
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- report
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    def fmt(v: object) -> str:
+        if isinstance(v, float):
+            return f"{v:.2f}" if v < 100 else f"{v:.0f}"
+        return str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def report(transport_rows: list[dict], conc_rows: list[dict], device: str) -> str:
+    facts = machine()
+    facts["service device"] = device
+    lines = [
+        f"# Service benchmark ({datetime.date.today().isoformat()}, {device})",
+        "",
+        "Command: `python -m bench.service`. Server: `python -m service` on loopback, one device worker.",
+        "Client: a minimal keep-alive HTTP/1.1 client on plain sockets in the same machine (it shares the",
+        "cores with the server), so that the numbers are the service's, not a client library's.",
+        "",
+        "## lu_solve round trip, float64, one right-hand side",
+        "",
+        "`bytes` = request + response bytes of the binary framing. `in-process` = `lu_core.lu_solve` on the",
+        "row-major arrays the server decodes (it includes the transpose to LAPACK's column-major layout).",
+        "`copy` = the same bytes through a plain loopback TCP socket (send request, receive response).",
+        "`binary overhead / copy` = (binary round trip - in-process) / copy; the target is <= 1.5.",
+        "",
+        table(
+            transport_rows,
+            ["n", "bytes", "in-process ms", "copy ms", "binary ms", "binary MB/s", "binary overhead / copy"],
+        ),
+        "",
+        table(transport_rows, ["n", "json bytes", "json ms", "json MB/s", "json / binary"]),
+        "",
+        "## 8x8 /solve requests (binary), concurrent clients",
+        "",
+        table(conc_rows, ["clients", "requests", "req/s", "p50 ms", "p99 ms", "non-200"]),
+        "",
+        "## Machine",
+        "",
+        *[f"- {k}: {v}" for k, v in facts.items()],
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes and short runs (a smoke test)")
+    parser.add_argument("--out", type=Path, help="report file (default bench/results/<date>-service-<device>.md)")
+    args = parser.parse_args(argv)
+
+    def progress(msg: str) -> None:
+        print(f"[service] {msg}", file=sys.stderr, flush=True)
+
+    proc, url = start_server()
+    try:
+        device = httpx.get(f"{url}/readyz").json()["device"]["kind"]
+        sizes = [64, 128] if args.quick else [256, 1024, 2048, 4096]
+        levels = [1, 4] if args.quick else [1, 16, 64]
+        copier = CopyServer()
+        transport_rows = transport(url, sizes, copier, progress)
+        conc_rows = concurrency(url, levels, 1.0 if args.quick else 5.0, progress)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    text = report(transport_rows, conc_rows, device)
+    out = args.out or RESULTS / f"{datetime.date.today().isoformat()}-service-{device}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(text)
+    progress(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
