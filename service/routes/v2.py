@@ -54,10 +54,13 @@ def _metadata(op: Operation) -> dict[str, Any]:
 
 @router.get("", summary="Server metadata")
 async def server_metadata(request: Request) -> dict[str, Any]:
+    settings = request.app.state.settings
     return {
         "name": "lu-service",
         "version": request.app.version,
         "extensions": ["binary_tensor_data", "parameters"],
+        # Not part of OIP: lets lu_client split batches that would exceed them.
+        "limits": {"max_request_bytes": settings.max_request_bytes, "max_elements": settings.max_elements},
     }
 
 

@@ -1,0 +1,53 @@
+"""Python client of the LU service: ``LUClient`` (sync) and ``AsyncLUClient`` (asyncio).
+
+Methods mirror ``lu_core`` (``lu_factor``, ``lu_factor_ex``, ``lu_unpack``,
+``lu_solve``, ``lu``, ``solve``), take NumPy arrays (or anything with
+``__array__`` or DLPack: PyTorch tensors and CuPy arrays are copied to the host)
+and return NumPy arrays. Binary framing by default, JSON with ``binary=False``.
+"""
+
+from __future__ import annotations
+
+from lu_client._async_client import AsyncLUClient
+from lu_client._base import DEFAULT_TIMEOUT, RetryPolicy
+from lu_client._client import LUClient
+from lu_client._errors import (
+    APIConnectionError,
+    APIStatusError,
+    APITimeoutError,
+    AuthenticationError,
+    BadRequestError,
+    InternalServerError,
+    LUClientError,
+    NotFoundError,
+    PayloadTooLargeError,
+    RateLimitError,
+    ServiceUnavailableError,
+    SingularMatrixError,
+    UnprocessableEntityError,
+    UnsupportedMediaTypeError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "APIConnectionError",
+    "APIStatusError",
+    "APITimeoutError",
+    "AsyncLUClient",
+    "AuthenticationError",
+    "BadRequestError",
+    "InternalServerError",
+    "LUClient",
+    "LUClientError",
+    "NotFoundError",
+    "PayloadTooLargeError",
+    "RateLimitError",
+    "RetryPolicy",
+    "ServiceUnavailableError",
+    "SingularMatrixError",
+    "UnprocessableEntityError",
+    "UnsupportedMediaTypeError",
+    "__version__",
+]

@@ -1,0 +1,182 @@
+"""``AsyncLUClient``: the asyncio twin of :class:`lu_client.LUClient` (only the I/O differs)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import Any
+
+import httpx
+import numpy as np
+
+from lu_client._base import BaseClient, Call, vector_rhs
+from lu_client._codec import to_numpy
+from lu_client._errors import APIConnectionError, APITimeoutError, PayloadTooLargeError
+from lu_client._split import split
+
+__all__ = ["AsyncLUClient"]
+
+
+class AsyncLUClient(BaseClient):
+    """Asynchronous client; pieces of a split batch go out concurrently (at most ``max_concurrency``)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        http_client: httpx.AsyncClient | None = None,
+        max_concurrency: int = 4,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(base_url, **kwargs)
+        self._http = http_client or httpx.AsyncClient()
+        self.max_concurrency = max_concurrency
+        self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncLUClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------ operations
+
+    async def lu_factor(self, A: Any, *, pivot: bool = True, timeout: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        out = await self._run("lu_factor", {"A": A}, {"pivot": pivot}, timeout)
+        self._raise_if_singular(out["info"], "lu_factor")
+        return out["LU"], out["pivots"]
+
+    async def lu_factor_ex(self, A: Any, *, pivot: bool = True, timeout: Any = None) -> tuple[np.ndarray, ...]:
+        out = await self._run("lu_factor", {"A": A}, {"pivot": pivot}, timeout)
+        return out["LU"], out["pivots"], out["info"]
+
+    async def lu_unpack(
+        self, LU: Any, pivots: Any, unpack_data: bool = True, unpack_pivots: bool = True, *, timeout: Any = None
+    ) -> tuple[np.ndarray | None, ...]:
+        opts = {"unpack_data": unpack_data, "unpack_pivots": unpack_pivots}
+        out = await self._run("lu_unpack", {"LU": LU, "pivots": pivots}, opts, timeout)
+        return out["P"], out["L"], out["U"]
+
+    async def lu_solve(
+        self,
+        LU: Any,
+        pivots: Any,
+        B: Any,
+        *,
+        left: bool = True,
+        adjoint: bool = False,
+        check_errors: bool = True,
+        timeout: Any = None,
+    ) -> np.ndarray:
+        opts = {"left": left, "adjoint": adjoint, "check_errors": check_errors}
+        return (await self._run("lu_solve", {"LU": LU, "pivots": pivots, "B": B}, opts, timeout))["X"]
+
+    async def lu(self, A: Any, *, pivot: bool = True, timeout: Any = None) -> tuple[np.ndarray | None, ...]:
+        out = await self._run("lu", {"A": A}, {"pivot": pivot}, timeout)
+        return out["P"], out["L"], out["U"]
+
+    async def solve(
+        self, A: Any, B: Any, *, left: bool = True, check_errors: bool = True, timeout: Any = None
+    ) -> np.ndarray:
+        a, b = to_numpy(A, "A"), to_numpy(B, "B")
+        vector = vector_rhs(a, b)
+        if vector:
+            b = b[..., None] if left else b[..., None, :]
+        out = await self._run("solve", {"A": a, "B": b}, {"left": left, "check_errors": check_errors}, timeout)
+        X = out["X"]
+        return (X[..., 0] if left else X[..., 0, :]) if vector else X
+
+    # ------------------------------------------------------------------ I/O
+
+    async def _run(
+        self, op: str, arrays: Mapping[str, Any], options: Mapping[str, Any], timeout: Any
+    ) -> dict[str, np.ndarray | None]:
+        tensors = self._inputs(op, arrays)
+        if self._needs_limits(tensors):
+            await self._discover_limits()
+        plan = split(op, tensors, self._limits)
+        if plan is None:
+            try:
+                return await self._send(self._call(op, tensors, options, timeout))
+            except PayloadTooLargeError:
+                if self._limits_known:
+                    raise
+                await self._discover_limits()
+                plan = split(op, tensors, self._limits)
+                if plan is None:
+                    raise
+        pieces, stitch = plan
+        gate = asyncio.Semaphore(self.max_concurrency)
+        done = 0
+
+        async def one(tensors_piece: dict[str, np.ndarray]) -> dict[str, np.ndarray | None]:
+            nonlocal done
+            async with gate:
+                answer = await self._send(self._call(op, tensors_piece, options, timeout))
+            done += 1
+            if self.on_progress is not None:
+                self.on_progress(done, len(pieces))
+            return answer
+
+        return stitch(list(await asyncio.gather(*(one(p.tensors) for p in pieces))))
+
+    async def _discover_limits(self) -> None:
+        try:
+            r = await self._http.get(f"{self.base_url}/v2", headers=self._headers, timeout=30)
+            self._set_limits(r.json() if r.status_code == 200 else None)
+        except (httpx.HTTPError, ValueError):
+            self._set_limits(None)
+
+    async def _send(self, call: Call) -> dict[str, np.ndarray | None]:
+        error: Exception | None = None
+        for attempt in range(self.retry.max_retries + 1):
+            response: httpx.Response | None = None
+            try:
+                request = self._http.build_request(
+                    "POST",
+                    self.base_url + call.path,
+                    content=_async_chunks(call),
+                    headers={**self._headers, **call.encoded.headers},
+                    timeout=call.timeout,
+                )
+                response = await self._http.send(request, stream=True)
+                try:
+                    content = await _read(response)
+                finally:
+                    await response.aclose()
+            except httpx.TimeoutException as exc:
+                error = APITimeoutError(f"{call.path}: timed out: {exc}")
+            except httpx.TransportError as exc:
+                error = APIConnectionError(f"{call.path}: {type(exc).__name__}: {exc}")
+            else:
+                if response.status_code < 400:
+                    return self._decode(response, content)
+                error = self._error(response, content)
+                if not self._should_retry(response):
+                    raise error
+            if attempt == self.retry.max_retries:
+                break
+            await self._sleep(self.retry.delay(attempt, response))
+        assert error is not None
+        raise error
+
+
+async def _async_chunks(call: Call) -> AsyncIterator[bytes | memoryview]:
+    for chunk in call.chunks():
+        yield chunk
+
+
+async def _read(response: httpx.Response) -> bytes | bytearray:
+    declared = response.headers.get("content-length")
+    if declared is None or response.headers.get("content-encoding"):
+        return await response.aread()
+    buffer = bytearray(int(declared))
+    view = memoryview(buffer)
+    got = 0
+    async for chunk in response.aiter_raw():
+        view[got : got + len(chunk)] = chunk
+        got += len(chunk)
+    return buffer if got == len(buffer) else bytes(view[:got])

@@ -1,0 +1,169 @@
+"""What the sync and async clients share: URL, auth, retry policy, codec, splitting. Only I/O differs."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import random
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import numpy as np
+
+from lu_client._codec import Encoded, decode_response, encode_binary, encode_json, to_numpy
+from lu_client._errors import APIStatusError, SingularMatrixError, status_error
+from lu_client._split import Limits
+
+__all__ = ["DEFAULT_TIMEOUT", "BaseClient", "Call", "RetryPolicy"]
+
+# Large payloads: 128 MiB each way at loopback speed is well under a minute, over a
+# slow network it is not; the connect timeout stays short so a dead host fails fast.
+DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+CHUNK = 1 << 20  # body chunks handed to httpx (it re-slices a buffer on each partial send)
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+DISCOVER_BYTES = 8 << 20  # look the server's limits up before the first request this big
+
+OPERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "lu_factor": (("A",), ("LU", "pivots", "info")),
+    "lu_unpack": (("LU", "pivots"), ("P", "L", "U")),
+    "lu_solve": (("LU", "pivots", "B"), ("X",)),
+    "lu": (("A",), ("P", "L", "U")),
+    "solve": (("A", "B"), ("X",)),
+}
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Capped, jittered exponential backoff; ``Retry-After`` wins when the server sends one."""
+
+    max_retries: int = 2
+    initial_delay: float = 0.5
+    max_delay: float = 8.0
+    max_retry_after: float = 60.0
+
+    def delay(self, attempt: int, response: httpx.Response | None) -> float:
+        if response is not None:
+            after = _retry_after(response.headers.get("retry-after"))
+            if after is not None:
+                return min(after, self.max_retry_after)
+        capped = min(self.max_delay, self.initial_delay * 2**attempt)
+        return capped * (0.5 + random.random() / 2)  # jitter: between half and all of it
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        return None if parsed is None else max(0.0, parsed.timestamp() - time.time())
+
+
+@dataclass
+class Call:
+    """One request ready to send: where, what and how."""
+
+    path: str
+    encoded: Encoded
+    timeout: httpx.Timeout | float | None
+
+    def chunks(self) -> Iterator[bytes | memoryview]:
+        for chunk in self.encoded.chunks:
+            if isinstance(chunk, memoryview) and chunk.nbytes > CHUNK:
+                for start in range(0, chunk.nbytes, CHUNK):
+                    yield chunk[start : start + CHUNK]
+            else:
+                yield chunk
+
+
+class BaseClient:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        max_retries: int = 2,
+        binary: bool = True,
+        max_request_bytes: int | None = None,
+        max_elements: int | None = None,
+        retry_policy: RetryPolicy | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.on_progress = on_progress  # called with (requests done, requests in all) when a batch is split
+        self.binary = binary
+        self.retry = retry_policy or RetryPolicy(max_retries=max_retries)
+        self.timeout = timeout
+        self._headers = {"accept": "application/json, application/octet-stream", "user-agent": "lu-client/0.1"}
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
+        self._limits: Limits | None = None
+        self._limits_known = False
+        if max_request_bytes is not None or max_elements is not None:
+            self._limits = Limits(max_request_bytes or 1 << 62, max_elements or 1 << 62)
+            self._limits_known = True
+
+    # ------------------------------------------------------------------ building
+
+    def _inputs(self, op: str, arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        names, _ = OPERATIONS[op]
+        return {n: to_numpy(arrays[n], n) for n in names}
+
+    def _call(self, op: str, tensors: Mapping[str, np.ndarray], options: Mapping[str, Any], timeout: Any) -> Call:
+        encoded = encode_binary(tensors, options) if self.binary else encode_json(tensors, options)
+        return Call(f"/{op}", encoded, self.timeout if timeout is None else timeout)
+
+    def _needs_limits(self, tensors: Mapping[str, np.ndarray]) -> bool:
+        return not self._limits_known and sum(a.nbytes for a in tensors.values()) > DISCOVER_BYTES
+
+    def _set_limits(self, metadata: dict[str, Any] | None) -> None:
+        self._limits_known = True
+        limits = (metadata or {}).get("limits")
+        if isinstance(limits, dict) and {"max_request_bytes", "max_elements"} <= set(limits):
+            self._limits = Limits(int(limits["max_request_bytes"]), int(limits["max_elements"]))
+
+    # ------------------------------------------------------------------ answers
+
+    @staticmethod
+    def _should_retry(response: httpx.Response) -> bool:
+        return response.status_code in RETRY_STATUSES
+
+    @staticmethod
+    def _error(response: httpx.Response, content: bytes | bytearray) -> APIStatusError:
+        try:
+            body = json.loads(content)
+            if not isinstance(body, dict):
+                raise ValueError
+        except ValueError:
+            text = bytes(content[:500]).decode("utf-8", "replace")
+            body = {"error": text or response.reason_phrase, "code": f"http_{response.status_code}"}
+        return status_error(response.status_code, body, response.headers.get("x-request-id"))
+
+    @staticmethod
+    def _decode(response: httpx.Response, content: bytes | bytearray) -> dict[str, np.ndarray | None]:
+        return decode_response(content, response.headers)
+
+    @staticmethod
+    def _raise_if_singular(info: np.ndarray, function: str) -> None:
+        bad = np.flatnonzero(info.reshape(-1))
+        if bad.size:
+            indices = [list(np.unravel_index(i, info.shape)) for i in bad] if info.ndim else [[]]
+            values = info.reshape(-1)[bad].tolist()
+            raise SingularMatrixError(
+                422,
+                "singular_matrix",
+                f"{function}: the matrix at batch index {tuple(indices[0])} is singular (U[{values[0] - 1}, "
+                f"{values[0] - 1}] is exactly zero); use lu_factor_ex to factor singular matrices",
+                None,
+                {"indices": [[int(x) for x in i] for i in indices], "info": values},
+            )
+
+
+def vector_rhs(A: np.ndarray, B: np.ndarray) -> bool:
+    """``torch.linalg.solve``'s rule: B is a (batch of) vector(s)."""
+    return B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])

@@ -1,0 +1,168 @@
+"""``LUClient``: the synchronous client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+import numpy as np
+
+from lu_client._base import BaseClient, Call, vector_rhs
+from lu_client._codec import to_numpy
+from lu_client._errors import APIConnectionError, APITimeoutError, PayloadTooLargeError
+from lu_client._split import split
+
+__all__ = ["LUClient"]
+
+
+class LUClient(BaseClient):
+    """Synchronous client of the LU service; methods mirror ``lu_core`` and return NumPy arrays.
+
+    >>> with LUClient("http://127.0.0.1:8000") as client:  # doctest: +SKIP
+    ...     X = client.solve(A, B)
+    """
+
+    def __init__(self, base_url: str, *, http_client: httpx.Client | None = None, **kwargs: Any) -> None:
+        super().__init__(base_url, **kwargs)
+        self._http = http_client or httpx.Client()
+        self._sleep: Callable[[float], None] = time.sleep
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> LUClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ operations
+
+    def lu_factor(self, A: Any, *, pivot: bool = True, timeout: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(LU, pivots)``; raises :class:`SingularMatrixError` for an exactly singular square matrix."""
+        out = self._run("lu_factor", {"A": A}, {"pivot": pivot}, timeout)
+        self._raise_if_singular(out["info"], "lu_factor")
+        return out["LU"], out["pivots"]
+
+    def lu_factor_ex(self, A: Any, *, pivot: bool = True, timeout: Any = None) -> tuple[np.ndarray, ...]:
+        """``(LU, pivots, info)``; never raises for singular input."""
+        out = self._run("lu_factor", {"A": A}, {"pivot": pivot}, timeout)
+        return out["LU"], out["pivots"], out["info"]
+
+    def lu_unpack(
+        self, LU: Any, pivots: Any, unpack_data: bool = True, unpack_pivots: bool = True, *, timeout: Any = None
+    ) -> tuple[np.ndarray | None, ...]:
+        opts = {"unpack_data": unpack_data, "unpack_pivots": unpack_pivots}
+        out = self._run("lu_unpack", {"LU": LU, "pivots": pivots}, opts, timeout)
+        return out["P"], out["L"], out["U"]
+
+    def lu_solve(
+        self,
+        LU: Any,
+        pivots: Any,
+        B: Any,
+        *,
+        left: bool = True,
+        adjoint: bool = False,
+        check_errors: bool = True,
+        timeout: Any = None,
+    ) -> np.ndarray:
+        opts = {"left": left, "adjoint": adjoint, "check_errors": check_errors}
+        return self._run("lu_solve", {"LU": LU, "pivots": pivots, "B": B}, opts, timeout)["X"]
+
+    def lu(self, A: Any, *, pivot: bool = True, timeout: Any = None) -> tuple[np.ndarray | None, ...]:
+        out = self._run("lu", {"A": A}, {"pivot": pivot}, timeout)
+        return out["P"], out["L"], out["U"]
+
+    def solve(self, A: Any, B: Any, *, left: bool = True, check_errors: bool = True, timeout: Any = None) -> np.ndarray:
+        a, b = to_numpy(A, "A"), to_numpy(B, "B")
+        vector = vector_rhs(a, b)
+        if vector:  # sent as a one-column matrix, so that big batches can be split like any other
+            b = b[..., None] if left else b[..., None, :]
+        X = self._run("solve", {"A": a, "B": b}, {"left": left, "check_errors": check_errors}, timeout)["X"]
+        return (X[..., 0] if left else X[..., 0, :]) if vector else X
+
+    # ------------------------------------------------------------------ I/O
+
+    def _run(
+        self, op: str, arrays: Mapping[str, Any], options: Mapping[str, Any], timeout: Any
+    ) -> dict[str, np.ndarray | None]:
+        tensors = self._inputs(op, arrays)
+        if self._needs_limits(tensors):
+            self._discover_limits()
+        plan = split(op, tensors, self._limits)
+        if plan is None:
+            try:
+                return self._send(self._call(op, tensors, options, timeout))
+            except PayloadTooLargeError:
+                if self._limits_known:
+                    raise
+                self._discover_limits()
+                plan = split(op, tensors, self._limits)
+                if plan is None:
+                    raise
+        pieces, stitch = plan
+        answers = []
+        for done, piece in enumerate(pieces, 1):
+            answers.append(self._send(self._call(op, piece.tensors, options, timeout)))
+            if self.on_progress is not None:
+                self.on_progress(done, len(pieces))
+        return stitch(answers)
+
+    def _discover_limits(self) -> None:
+        try:
+            r = self._http.get(f"{self.base_url}/v2", headers=self._headers, timeout=30)
+            self._set_limits(r.json() if r.status_code == 200 else None)
+        except (httpx.HTTPError, ValueError):
+            self._set_limits(None)
+
+    def _send(self, call: Call) -> dict[str, np.ndarray | None]:
+        error: Exception | None = None
+        for attempt in range(self.retry.max_retries + 1):
+            response: httpx.Response | None = None
+            try:
+                request = self._http.build_request(
+                    "POST",
+                    self.base_url + call.path,
+                    content=call.chunks(),
+                    headers={**self._headers, **call.encoded.headers},
+                    timeout=call.timeout,
+                )
+                response = self._http.send(request, stream=True)
+                try:
+                    content = _read(response)
+                finally:
+                    response.close()
+            except httpx.TimeoutException as exc:
+                error = APITimeoutError(f"{call.path}: timed out: {exc}")
+            except httpx.TransportError as exc:
+                error = APIConnectionError(f"{call.path}: {type(exc).__name__}: {exc}")
+            else:
+                if response.status_code < 400:
+                    return self._decode(response, content)
+                error = self._error(response, content)
+                if not self._should_retry(response):
+                    raise error
+            if attempt == self.retry.max_retries:
+                break
+            self._sleep(self.retry.delay(attempt, response))
+        assert error is not None
+        raise error
+
+
+def _read(response: httpx.Response) -> bytes | bytearray:
+    """The body in one buffer of its declared length (writable, so results are writable arrays)."""
+    declared = response.headers.get("content-length")
+    if declared is None or response.headers.get("content-encoding"):
+        return response.read()
+    buffer = bytearray(int(declared))
+    view = memoryview(buffer)
+    got = 0
+    for chunk in response.iter_raw():
+        view[got : got + len(chunk)] = chunk
+        got += len(chunk)
+    return buffer if got == len(buffer) else bytes(view[:got])
