@@ -22,7 +22,7 @@ serve: $(BIN)/python
 
 # Installs the project with its dev extras, checks lint and format, runs every test.
 test: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[dev]" -e ./clients
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest

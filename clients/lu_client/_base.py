@@ -130,6 +130,11 @@ class BaseClient:
     # ------------------------------------------------------------------ answers
 
     @staticmethod
+    def _too_big(exc: APIStatusError) -> bool:
+        """A refusal that splitting can cure: the request, or the answer, is over a server limit."""
+        return exc.status_code == 413 or exc.code == "output_too_large"
+
+    @staticmethod
     def _should_retry(response: httpx.Response) -> bool:
         return response.status_code in RETRY_STATUSES
 

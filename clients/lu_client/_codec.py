@@ -41,14 +41,14 @@ _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 def to_numpy(value: Any, name: str) -> np.ndarray:
     """NumPy arrays as they are; CuPy and PyTorch (any device) copied to the host; else ``__array__``/DLPack."""
-    if isinstance(value, np.ndarray):
-        return value
     module = type(value).__module__.split(".")[0]
-    if module == "cupy":
-        return value.get()
-    if module == "torch":
-        return value.detach().cpu().resolve_conj().resolve_neg().numpy()
-    if hasattr(value, "__array__") or not hasattr(value, "__dlpack__"):
+    if isinstance(value, np.ndarray):
+        arr = value
+    elif module == "cupy":
+        arr = value.get()
+    elif module == "torch":
+        arr = value.detach().cpu().resolve_conj().resolve_neg().numpy()
+    elif hasattr(value, "__array__") or not hasattr(value, "__dlpack__"):
         arr = np.asarray(value)
     else:
         arr = np.from_dlpack(value)

@@ -1,0 +1,5 @@
+import sys
+
+from lu_client._cli import main
+
+sys.exit(main())

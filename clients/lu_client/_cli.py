@@ -1,0 +1,168 @@
+"""``lu-client``: the service from the shell, with .npy/.npz files in and out.
+
+    lu-client solve A.npy B.npy -o X.npy
+    lu-client lu_factor A.npy -o factors.npz          # LU, pivots, info
+    lu-client lu_solve factors.npz B.npy -o X.npy     # an .npz input supplies its named arrays
+    lu-client lu_unpack factors.npz -o plu.npz --no-pivots
+
+The server is ``--url`` (or ``LU_URL``, default http://127.0.0.1:8000); the key is
+``--api-key`` (or ``LU_API_KEY``). Errors print the server's message and request id
+and exit with status 1 (2 for usage errors).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lu_client._base import OPERATIONS
+from lu_client._client import LUClient
+from lu_client._errors import LUClientError
+
+__all__ = ["main"]
+
+FLAGS = {
+    "pivot": ("--no-pivot", "factor without pivoting"),
+    "left": ("--right", "solve X A = B instead of A X = B"),
+    "adjoint": ("--adjoint", "solve with A^H"),
+    "check_errors": ("--no-check-errors", "answer inf/NaN for singular systems instead of failing"),
+    "unpack_data": ("--no-data", "do not return L and U"),
+    "unpack_pivots": ("--no-pivots", "do not return P"),
+}
+DEFAULTS = {
+    "lu_factor": {"pivot": True},
+    "lu_unpack": {"unpack_data": True, "unpack_pivots": True},
+    "lu_solve": {"left": True, "adjoint": False, "check_errors": True},
+    "lu": {"pivot": True},
+    "solve": {"left": True, "check_errors": True},
+}
+
+
+class _Progress:
+    """A one-line progress bar on stderr for jobs split into several requests."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        filled = width * done // total
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} requests")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lu-client", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--url", default=os.environ.get("LU_URL", "http://127.0.0.1:8000"), help="service URL")
+    parser.add_argument("--api-key", default=os.environ.get("LU_API_KEY"), help="bearer token (default: $LU_API_KEY)")
+    parser.add_argument("--json", action="store_true", help="send JSON instead of the binary framing")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
+    parser.add_argument("--retries", type=int, default=2, help="retries on connection errors, 429 and 503")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
+    ops = parser.add_subparsers(dest="op", required=True, metavar="operation")
+    for op, (inputs, outputs) in OPERATIONS.items():
+        sub = ops.add_parser(
+            op, aliases=[op.replace("_", "-")], help=f"inputs {', '.join(inputs)} -> {', '.join(outputs)}"
+        )
+        sub.add_argument(
+            "files",
+            nargs="+",
+            type=Path,
+            help=f".npy files for {', '.join(inputs)} in order, or .npz files holding them by name",
+        )
+        sub.add_argument("-o", "--output", type=Path, required=True, help=".npy (one output) or .npz (all outputs)")
+        for option, default in DEFAULTS[op].items():
+            flag, text = FLAGS[option]
+            sub.add_argument(flag, dest=option, action="store_const", const=not default, default=default, help=text)
+        sub.set_defaults(canonical=op)
+    return parser
+
+
+def _load(files: list[Path], names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    arrays: dict[str, np.ndarray] = {}
+    positional = iter(n for n in names)
+    for path in files:
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as npz:
+                arrays.update({k: npz[k] for k in npz.files if k in names})
+        else:
+            name = next((n for n in positional if n not in arrays), None)
+            if name is None:
+                raise SystemExit(f"lu-client: too many input files (the inputs are {', '.join(names)})")
+            arrays[name] = np.load(path, allow_pickle=False)
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise SystemExit(f"lu-client: missing input {', '.join(missing)} (the inputs are {', '.join(names)})")
+    return arrays
+
+
+def _expected(op: str, options: dict[str, bool]) -> list[str]:
+    outputs = list(OPERATIONS[op][1])
+    if op == "lu_unpack":
+        outputs = [
+            o for o in outputs if (o == "P" and options["unpack_pivots"]) or (o != "P" and options["unpack_data"])
+        ]
+    return outputs
+
+
+def _save(path: Path, outputs: dict[str, Any]) -> None:
+    present = {k: v for k, v in outputs.items() if v is not None}
+    if path.suffix == ".npz":
+        np.savez(path, **present)
+    else:
+        np.save(path, next(iter(present.values())))
+
+
+def _call(client: LUClient, op: str, a: dict[str, np.ndarray], options: dict[str, bool]) -> dict[str, Any]:
+    if op == "lu_factor":
+        return dict(zip(("LU", "pivots", "info"), client.lu_factor_ex(a["A"], **options), strict=True))
+    if op == "lu_unpack":
+        return dict(zip("PLU", client.lu_unpack(a["LU"], a["pivots"], **options), strict=True))
+    if op == "lu_solve":
+        return {"X": client.lu_solve(a["LU"], a["pivots"], a["B"], **options)}
+    if op == "lu":
+        return dict(zip("PLU", client.lu(a["A"], **options), strict=True))
+    return {"X": client.solve(a["A"], a["B"], **options)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    op = args.canonical
+    inputs, outputs = OPERATIONS[op]
+    try:
+        arrays = _load(args.files, inputs)
+    except (OSError, ValueError) as exc:
+        print(f"lu-client: cannot read input: {exc}", file=sys.stderr)
+        return 2
+    options = {k: getattr(args, k) for k in DEFAULTS[op]}
+    expected = _expected(op, options)
+    if args.output.suffix != ".npz" and len(expected) != 1:
+        print(f"lu-client: {op} returns {', '.join(expected)}: write them to an .npz file", file=sys.stderr)
+        return 2
+    progress = _Progress(sys.stderr.isatty() if args.progress is None else args.progress)
+    try:
+        with LUClient(
+            args.url, api_key=args.api_key, timeout=args.timeout, max_retries=args.retries, binary=not args.json,
+            on_progress=progress,
+        ) as client:  # fmt: skip
+            result = _call(client, op, arrays, options)
+    except LUClientError as exc:
+        print(f"lu-client: {exc}", file=sys.stderr)
+        return 1
+    _save(args.output, {k: result.get(k) for k in outputs})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""``lu-client`` end to end against a real server on loopback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lu_core
+from lu_client._cli import main
+from tests.helpers import well_conditioned
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def cli(live_server, monkeypatch):
+    monkeypatch.setenv("LU_URL", live_server)
+    monkeypatch.setenv("LU_API_KEY", "live-key")
+    return main
+
+
+def test_solve_with_npy_files(cli, tmp_path, rng):
+    A = well_conditioned(rng, (3, 5, 5), np.float64)
+    B = rng.standard_normal((3, 5, 2))
+    np.save(tmp_path / "A.npy", A)
+    np.save(tmp_path / "B.npy", B)
+    assert cli(["solve", str(tmp_path / "A.npy"), str(tmp_path / "B.npy"), "-o", str(tmp_path / "X.npy")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "X.npy"), lu_core.solve(A, B))
+
+
+def test_factor_then_solve_through_an_npz(cli, tmp_path, rng):
+    A = well_conditioned(rng, (4, 4), np.complex128)
+    np.save(tmp_path / "A.npy", A)
+    assert cli(["lu-factor", str(tmp_path / "A.npy"), "-o", str(tmp_path / "f.npz")]) == 0
+    with np.load(tmp_path / "f.npz") as f:
+        assert set(f.files) == {"LU", "pivots", "info"}
+    B = rng.standard_normal((4, 1))
+    np.save(tmp_path / "B.npy", B)
+    out = tmp_path / "X.npy"
+    assert (
+        cli(["--json", "lu_solve", str(tmp_path / "f.npz"), str(tmp_path / "B.npy"), "-o", str(out), "--adjoint"]) == 0
+    )
+    np.testing.assert_allclose(A.conj().T @ np.load(out), B, atol=1e-12)
+    assert cli(["lu_unpack", str(tmp_path / "f.npz"), "-o", str(tmp_path / "plu.npz"), "--no-pivots"]) == 0
+    with np.load(tmp_path / "plu.npz") as plu:
+        assert set(plu.files) == {"L", "U"}
+
+
+def test_errors_exit_non_zero_with_the_server_message(cli, tmp_path, capsys):
+    np.save(tmp_path / "A.npy", np.zeros((2, 2)))
+    np.save(tmp_path / "B.npy", np.ones(2))
+    assert cli(["solve", str(tmp_path / "A.npy"), str(tmp_path / "B.npy"), "-o", str(tmp_path / "X.npy")]) == 1
+    err = capsys.readouterr().err
+    assert "422 singular_matrix" in err and "request" in err
+    assert not (tmp_path / "X.npy").exists()
+    assert cli(["lu", str(tmp_path / "A.npy"), "-o", str(tmp_path / "plu.npy")]) != 0  # three outputs need .npz
+    with pytest.raises(SystemExit, match="missing input B"):
+        cli(["solve", str(tmp_path / "A.npy"), "-o", str(tmp_path / "X.npy")])
+    assert cli(["--api-key", "nope", "lu", str(tmp_path / "A.npy"), "-o", str(tmp_path / "p.npz")]) == 1
+    assert "401 unauthorized" in capsys.readouterr().err
+
+
+def test_big_jobs_are_split_with_a_progress_bar(cli, tmp_path, rng, capsys):
+    A = well_conditioned(rng, (3000, 8, 8), np.float64)  # over the test server's 1 MiB and 2^17 elements
+    np.save(tmp_path / "A.npy", A)
+    np.save(tmp_path / "B.npy", np.ones((3000, 8)))
+    args = ["--progress", "solve", str(tmp_path / "A.npy"), str(tmp_path / "B.npy"), "-o", str(tmp_path / "X.npy")]
+    assert cli(args) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "X.npy"), lu_core.solve(A, np.ones((3000, 8))))
+    err = capsys.readouterr().err
+    assert "requests" in err and "[" in err
+
+
+def test_the_installed_command_runs(live_server, tmp_path):
+    exe = Path(sys.executable).with_name("lu-client")
+    if not exe.exists():
+        pytest.skip("lu-client is not installed in this environment")
+    np.save(tmp_path / "A.npy", np.eye(3) * 2)
+    env = {**os.environ, "LU_API_KEY": "live-key"}
+    done = subprocess.run(
+        [str(exe), "--url", live_server, "lu", str(tmp_path / "A.npy"), "-o", str(tmp_path / "plu.npz")],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_client_installs_alone():
+    """No lu_core, FastAPI, service or CuPy on the import path of lu_client."""
+    code = (
+        "import sys\n"
+        "for m in ('lu_core', 'fastapi', 'service', 'cupy', 'starlette', 'pydantic', 'scipy', 'numba'):\n"
+        "    sys.modules[m] = None\n"
+        "import lu_client, lu_client._cli\n"
+        "print(lu_client.__version__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT / "clients", capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "clients" / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert sorted(d.split(">")[0] for d in deps) == ["httpx", "numpy"]
