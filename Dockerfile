@@ -48,7 +48,7 @@ HEALTHCHECK --interval=15s --timeout=3s --start-period=60s --retries=3 \
 
 FROM runtime AS cpu
 COPY --from=build /opt/venv /opt/venv
-USER lu
+USER 10001:10001
 # Compile the CPU kernels into the image's Numba cache, so a container is ready in seconds.
 RUN python -c "from service.app import warm_up; from service.device import CpuDevice; warm_up(CpuDevice())"
 ENV LU_DEVICE=cpu
@@ -57,7 +57,7 @@ CMD ["python", "-m", "service"]
 
 FROM runtime AS gpu
 COPY --from=build-gpu /opt/venv /opt/venv
-USER lu
+USER 10001:10001
 RUN python -c "from service.app import warm_up; from service.device import CpuDevice; warm_up(CpuDevice())"
 ENV LU_DEVICE=gpu \
     NVIDIA_VISIBLE_DEVICES=all \
