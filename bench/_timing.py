@@ -18,7 +18,11 @@ class Timing:
 
 
 def interleaved(
-    contenders: dict[str, Callable[[], object]], budget_s: float = 4.0, max_rounds: int = 12, block: int = 3
+    contenders: dict[str, Callable[[], object]],
+    budget_s: float = 4.0,
+    max_rounds: int = 12,
+    block: int = 3,
+    pause: float = 0.01,
 ) -> dict[str, Timing]:
     """Time the contenders in alternating blocks of ``block`` back-to-back calls,
     the order rotated every round, so that noise on a shared machine hits all
@@ -37,7 +41,7 @@ def interleaved(
     rounds = 0
     while rounds < max_rounds and (rounds < 3 or time.perf_counter() - start < budget_s):
         for name in names[rounds % len(names) :] + names[: rounds % len(names)]:
-            time.sleep(0.01)
+            time.sleep(pause)
             for _ in range(block):
                 t = time.perf_counter()
                 contenders[name]()

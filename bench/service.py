@@ -344,32 +344,37 @@ def report(transport_rows: list[dict], conc_rows: list[dict], device: str) -> st
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes and short runs (a smoke test)")
-    parser.add_argument("--out", type=Path, help="report file (default bench/results/<date>-service-<device>.md)")
-    args = parser.parse_args(argv)
-
-    def progress(msg: str) -> None:
-        print(f"[service] {msg}", file=sys.stderr, flush=True)
-
+def run(quick: bool, out: Path | None, progress: Callable[[str], None]) -> Path | None:
     proc, url = start_server()
     try:
         device = httpx.get(f"{url}/readyz").json()["device"]["kind"]
-        sizes = [64, 128] if args.quick else [256, 1024, 2048, 4096]
-        levels = [1, 4] if args.quick else [1, 16, 64]
+        sizes = [64, 128] if quick else [256, 1024, 2048, 4096]
+        levels = [1, 4] if quick else [1, 16, 64]
         copier = CopyServer()
         transport_rows = transport(url, sizes, copier, progress)
-        conc_rows = concurrency(url, levels, 1.0 if args.quick else 5.0, progress)
+        conc_rows = concurrency(url, levels, 1.0 if quick else 5.0, progress)
     finally:
         proc.terminate()
         proc.wait(60)
     text = report(transport_rows, conc_rows, device)
-    out = args.out or RESULTS / f"{datetime.date.today().isoformat()}-service-{device}.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
     print(text)
-    progress(f"wrote {out}")
+    if out is None:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{datetime.date.today().isoformat()}-service-{device}{'-quick' if quick else ''}.md"
+    path.write_text(text)
+    progress(f"wrote {path}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes and short runs (a smoke test)")
+    parser.add_argument("--out", default=str(RESULTS), help="folder for the report ('' for none)")
+    args = parser.parse_args(argv)
+    run(
+        args.quick, Path(args.out) if args.out else None, lambda m: print(f"[service] {m}", file=sys.stderr, flush=True)
+    )
     return 0
 
 

@@ -1,0 +1,90 @@
+"""Markdown tables and matplotlib plots shared by the core suites (CPU and GPU)."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Sequence
+
+OPS = ("lu_factor", "lu_unpack", "lu_solve", "solve")
+
+
+def ratio_table(rows: Sequence[dict], peers: Sequence[str]) -> str:
+    """One line per (op, dtype, batch, n): lu_core's median and spread, then time / peer time."""
+    head = ["op", "dtype", "batch", "n", "lu_core", "spread", *[f"vs {p}" for p in peers]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 4 + "---:|" * (len(head) - 4)]
+    for r in rows:
+        cells = [r["op"], r["dtype"], str(r["batch"]), str(r["n"]), _ms(r["ours"]), f"±{r['spread'] * 50:.0f}%"]
+        cells += [f"{r['ours'] / r[p]:.2f}×" if r.get(p) else "–" for p in peers]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    ms = seconds * 1e3
+    return f"{ms:.3f} ms" if ms < 1 else f"{ms:.2f} ms" if ms < 100 else f"{ms:.0f} ms"
+
+
+def plots(rows: Sequence[dict], peers: Sequence[str], stem: pathlib.Path, title: str) -> list[pathlib.Path]:
+    """``<stem>-time.png`` (time vs n per batch size) and ``<stem>-ratio.png`` (ratio vs peers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    dtypes = sorted({r["dtype"] for r in rows})
+    dtype = "float64" if "float64" in dtypes else dtypes[0]
+    batches = sorted({r["batch"] for r in rows})
+    colors = {b: plt.cm.viridis(i / max(1, len(batches) - 1)) for i, b in enumerate(batches)}
+    styles = {"lu_core": "-", **{p: s for p, s in zip(peers, ("--", ":", "-."), strict=False)}}
+    paths = []
+
+    fig, axes = plt.subplots(1, len(OPS), figsize=(4.2 * len(OPS), 4), sharey=False)
+    for ax, op in zip(axes, OPS, strict=True):
+        for b in batches:
+            sel = sorted(
+                (r for r in rows if r["op"] == op and r["batch"] == b and r["dtype"] == dtype), key=lambda r: r["n"]
+            )
+            if not sel:
+                continue
+            ns = [r["n"] for r in sel]
+            ax.plot(
+                ns,
+                [r["ours"] * 1e3 for r in sel],
+                styles["lu_core"],
+                color=colors[b],
+                marker="o",
+                label=f"lu_core, batch {b}",
+            )
+            for p in peers:
+                pts = [(r["n"], r[p] * 1e3) for r in sel if r.get(p)]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), styles[p], color=colors[b], alpha=0.7, label=f"{p}, batch {b}")
+        ax.set(xscale="log", yscale="log", xlabel="n", title=op)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("median time (ms)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=7)
+    fig.suptitle(f"{title}: time vs n ({dtype}; solid lu_core, dashed/dotted peers)")
+    fig.tight_layout(rect=(0, 0.12, 1, 0.95))
+    path = stem.with_name(stem.name + "-time.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+
+    fig, axes = plt.subplots(1, len(peers), figsize=(6 * len(peers), 4), squeeze=False)
+    for ax, p in zip(axes[0], peers, strict=True):
+        labels, values = [], []
+        for r in rows:
+            if r["dtype"] == dtype and r.get(p):
+                labels.append(f"{r['op']}\n{r['batch']}×{r['n']}")
+                values.append(r["ours"] / r[p])
+        ax.bar(range(len(values)), values, color=["tab:green" if v <= 1 else "tab:red" for v in values])
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set(yscale="log", ylabel=f"lu_core time / {p} time", title=f"vs {p} ({dtype}; below 1: lu_core faster)")
+        ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=6)
+    fig.tight_layout()
+    path = stem.with_name(stem.name + "-ratio.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+    return paths

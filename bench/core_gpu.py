@@ -1,0 +1,187 @@
+"""core-gpu suite: lu_core (CuPy) against torch.linalg (CUDA) and cupyx.scipy.linalg, on one GPU.
+
+    python -m bench --suite core-gpu [--quick]
+
+Runs only where CuPy sees a GPU. Grid: batch 1 ... 100000, n 8 ... 8192 (cases
+above 2^26 elements left out), float32 and float64. Every contender is timed with
+CUDA events on the current stream after warm-up, medians over repeats. Also
+reported: achieved memory bandwidth of lu_unpack (bytes of LU and pivots read plus
+P, L, U written, over the time) and achieved FLOP/s of lu_factor (2/3 n^3 per
+matrix). cupyx has no batched lu_factor: it is timed as a Python loop over the
+batch where the batch is at most 1000, and left out above.
+
+Status: written without a GPU to run it on (see the README); expect fixes on first
+contact with a device.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import pathlib
+import statistics
+from collections.abc import Callable
+
+import lu_core
+from bench._report import plots, ratio_table
+
+GRID_N = (8, 32, 128, 512, 2048, 8192)
+GRID_BATCH = (1, 100, 10000, 100000)
+QUICK_N = (8, 128)
+QUICK_BATCH = (1, 1000)
+MAX_ELEMENTS = 1 << 26
+DTYPES = ("float32", "float64")
+PEERS = ("torch", "cupyx")
+CUPYX_MAX_BATCH = 1000
+
+
+def available() -> str | None:
+    """None when a GPU is usable, else why not."""
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CUDA sees no device"
+    except Exception as exc:
+        return f"CUDA is not usable ({exc})"
+    return None
+
+
+def _cuda_time(fn: Callable[[], object], repeats: int) -> tuple[float, float]:
+    import cupy
+
+    for _ in range(2):
+        fn()
+    cupy.cuda.get_current_stream().synchronize()
+    times = []
+    for _ in range(repeats):
+        start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+    med = statistics.median(times)
+    q = statistics.quantiles(times, n=4) if len(times) >= 2 else [med] * 3
+    return med, (q[2] - q[0]) / med if med else 0.0
+
+
+def run_case(batch: int, n: int, dtype: str, torch, repeats: int) -> list[dict]:
+    import cupy
+    import cupyx.scipy.linalg as cxl
+
+    rng = cupy.random.default_rng(0)
+    A = (rng.standard_normal((batch, n, n)) + n**0.5 * cupy.eye(n)).astype(dtype)
+    B = rng.standard_normal((batch, n, 1)).astype(dtype)
+    LU, piv = lu_core.lu_factor(A)
+    rows = []
+    At = Bt = LUt = pivt = None
+    if torch is not None:
+        At, Bt = torch.as_tensor(A, device="cuda"), torch.as_tensor(B, device="cuda")
+        LUt, pivt = torch.linalg.lu_factor(At)
+
+    def time_op(op: str, ours: Callable[[], object], peers: dict[str, Callable[[], object] | None], **extra) -> None:
+        med, spread = _cuda_time(ours, repeats)
+        row = {"op": op, "dtype": dtype, "batch": batch, "n": n, "ours": med, "spread": spread, **extra}
+        for name, fn in peers.items():
+            if fn is not None:
+                row[name] = _cuda_time(fn, repeats)[0]
+        rows.append(row)
+
+    loop_ok = batch <= CUPYX_MAX_BATCH
+    itemsize = A.dtype.itemsize
+    flops = batch * (2 / 3) * n**3
+    time_op(
+        "lu_factor",
+        lambda: lu_core.lu_factor(A),
+        {
+            "torch": (lambda: torch.linalg.lu_factor(At)) if torch is not None else None,
+            "cupyx": (lambda: [cxl.lu_factor(A[i], check_finite=False) for i in range(batch)]) if loop_ok else None,
+        },
+    )
+    rows[-1]["GFLOP/s"] = flops / rows[-1]["ours"] / 1e9
+    moved = batch * (n * n * itemsize + n * 4 + 3 * n * n * itemsize)
+    time_op(
+        "lu_unpack",
+        lambda: lu_core.lu_unpack(LU, piv),
+        {"torch": (lambda: torch.lu_unpack(LUt, pivt)) if torch is not None else None},
+    )
+    rows[-1]["GB/s"] = moved / rows[-1]["ours"] / 1e9
+    cx_factors = [cxl.lu_factor(A[i], check_finite=False) for i in range(batch)] if loop_ok else None
+    time_op(
+        "lu_solve",
+        lambda: lu_core.lu_solve(LU, piv, B),
+        {
+            "torch": (lambda: torch.linalg.lu_solve(LUt, pivt, Bt)) if torch is not None else None,
+            "cupyx": (lambda: [cxl.lu_solve(f, B[i]) for i, f in enumerate(cx_factors)]) if loop_ok else None,
+        },
+    )
+    time_op(
+        "solve",
+        lambda: lu_core.solve(A, B),
+        {"torch": (lambda: torch.linalg.solve(At, Bt)) if torch is not None else None},
+    )
+    return rows
+
+
+def cases(quick: bool) -> list[tuple[int, int]]:
+    ns, batches = (QUICK_N, QUICK_BATCH) if quick else (GRID_N, GRID_BATCH)
+    return [(b, n) for n in ns for b in batches if b * n * n <= MAX_ELEMENTS]
+
+
+def run(quick: bool, out: pathlib.Path | None, progress: Callable[[str], None]) -> pathlib.Path | None:
+    why = available()
+    if why is not None:
+        progress(f"skipped: {why}")
+        return None
+    import cupy
+
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            torch = None
+    except ImportError:
+        torch = None
+    if torch is None:
+        progress("PyTorch with CUDA not available: comparing with cupyx only")
+    todo = [(b, n, d) for d in DTYPES for (b, n) in cases(quick)]
+    rows: list[dict] = []
+    for i, (b, n, d) in enumerate(todo, 1):
+        progress(f"{i}/{len(todo)}: {d} batch {b} n {n}")
+        rows += run_case(b, n, d, torch, repeats=5 if quick else 15)
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    extra = [
+        f"| {r['op']} | {r['dtype']} | {r['batch']} | {r['n']} | "
+        + (f"{r['GFLOP/s']:.1f} GFLOP/s" if "GFLOP/s" in r else f"{r['GB/s']:.1f} GB/s")
+        + " |"
+        for r in rows
+        if "GFLOP/s" in r or "GB/s" in r
+    ]
+    report = "\n".join(
+        [
+            f"# lu_core GPU benchmark, {dt.date.today().isoformat()}",
+            "",
+            f"Device: {name}; CuPy {cupy.__version__}; torch {getattr(torch, '__version__', 'not available')}.",
+            "Times: CUDA events after warm-up, medians; ratio = lu_core / peer (below 1: lu_core faster).",
+            "",
+            ratio_table(rows, PEERS),
+            "",
+            "| op | dtype | batch | n | achieved |",
+            "|---|---|---|---|---:|",
+            *extra,
+            "",
+        ]
+    )
+    print(report)
+    if out is None:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"{dt.date.today().isoformat()}-gpu{'-quick' if quick else ''}"
+    pngs = plots(rows, [p for p in PEERS if any(r.get(p) for r in rows)], stem, f"lu_core on {name}")
+    path = stem.with_suffix(".md")
+    path.write_text(report + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
+    progress(f"wrote {path}")
+    return path

@@ -1,0 +1,25 @@
+"""The benchmark command runs end to end (quick grids): reports and plots are written, GPU skips cleanly."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import __main__ as bench_main
+from bench import core_gpu
+
+
+@pytest.mark.slow
+def test_quick_cpu_and_service_suites_write_reports_and_plots(tmp_path, capsys):
+    assert bench_main.main(["--suite", "core-cpu", "core-gpu", "service", "--quick", "--out", str(tmp_path)]) == 0
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert any(n.endswith("-cpu-quick.md") for n in names)
+    assert any(n.endswith("-cpu-quick-time.png") for n in names) and any(n.endswith("-cpu-quick-ratio.png") for n in names)
+    assert any("-service-" in n for n in names)
+    report = next(p for p in tmp_path.iterdir() if p.name.endswith("-cpu-quick.md")).read_text()
+    for op in ("lu_factor", "lu_unpack", "lu_solve", "solve"):
+        assert f"| {op} | float32 |" in report and f"| {op} | float64 |" in report
+    assert "vs scipy" in report and "## Machine" in report
+    err = capsys.readouterr().err
+    assert "[core-cpu" in err and "1/" in err  # progress
+    if core_gpu.available() is not None:
+        assert "[core-gpu" in err and "skipped" in err
