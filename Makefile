@@ -27,9 +27,12 @@ test: $(BIN)/python
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
 
+# Every benchmark suite (core-cpu, core-gpu where a GPU is visible, service); reports and
+# plots in bench/results/. Pick suites with e.g. `make bench SUITES="core-cpu service"`.
+SUITES ?= core-cpu core-gpu service
 bench: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	$(BIN)/python -m bench.core_cpu
+	$(BIN)/python -m pip install --quiet -e ".[dev]" -e ./clients
+	$(BIN)/python -m bench --suite $(SUITES)
 
 calibrate: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[dev]"

@@ -13,7 +13,9 @@ def test_quick_cpu_and_service_suites_write_reports_and_plots(tmp_path, capsys):
     assert bench_main.main(["--suite", "core-cpu", "core-gpu", "service", "--quick", "--out", str(tmp_path)]) == 0
     names = sorted(p.name for p in tmp_path.iterdir())
     assert any(n.endswith("-cpu-quick.md") for n in names)
-    assert any(n.endswith("-cpu-quick-time.png") for n in names) and any(n.endswith("-cpu-quick-ratio.png") for n in names)
+    assert any(n.endswith("-cpu-quick-time.png") for n in names) and any(
+        n.endswith("-cpu-quick-ratio.png") for n in names
+    )
     assert any("-service-" in n for n in names)
     report = next(p for p in tmp_path.iterdir() if p.name.endswith("-cpu-quick.md")).read_text()
     for op in ("lu_factor", "lu_unpack", "lu_solve", "solve"):
