@@ -6,6 +6,7 @@ back on the device they came from. See :mod:`lu_core._api` for conventions.
 
 from __future__ import annotations
 
+from lu_core import _threads  # noqa: F401 - first: OpenMP settings before any runtime starts
 from lu_core._api import lu, lu_factor, lu_factor_ex, lu_solve, lu_unpack, pivots_to_permutation, solve
 from lu_core._errors import (
     DeviceMismatchError,

@@ -12,19 +12,10 @@ Kernels trust their pivots: the public layer has range-checked them already.
 
 from __future__ import annotations
 
-import os
-
-# Numba's OpenMP threading layer (GNU libgomp) keeps its threads spinning after each
-# parallel region by default. Measured on 2 cores: the spinning threads slow the
-# OpenBLAS getrf that follows a transpose kernel 2.6x (n = 512: 8.0 ms against
-# 3.1 ms), and a pool that has gone idle between calls takes ~5 ms to wake for an
-# 8x8 solve (0.26 ms with PASSIVE). PASSIVE puts idle threads to sleep at once. It
-# must be set before libgomp starts (the first parallel kernel); a value the user
-# set wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-import numba as nb  # after the environment above
+import numba as nb
 import numpy as np
+
+from lu_core import _threads  # noqa: F401 - OpenMP settings before Numba starts its pool
 
 _JIT = {"nogil": True, "cache": True, "parallel": True, "error_model": "numpy"}
 

@@ -1,0 +1,21 @@
+"""OpenMP settings for the CPU kernels, applied when ``lu_core`` is imported.
+
+They must be in the environment before any GNU OpenMP runtime starts (Numba's first
+parallel kernel, or a later ``import torch``), so ``lu_core/__init__`` imports this first.
+"""
+
+from __future__ import annotations
+
+import os
+
+# Numba's OpenMP threading layer (GNU libgomp) keeps its threads spinning after each
+# parallel region by default. Measured on 2 cores: the spinning threads slow the
+# OpenBLAS getrf that follows a transpose kernel 2.6x (n = 512: 8.0 ms against
+# 3.1 ms), and a pool that has gone idle between calls takes ~5 ms to wake for an
+# 8x8 solve (0.26 ms with PASSIVE). PASSIVE puts idle threads to sleep at once;
+# GOMP_SPINCOUNT=0 as well, because a libgomp loaded by PyTorch spins regardless of
+# the policy (8.0 ms again with torch imported, 3.3 ms with both). They must be set
+# before libgomp starts (first parallel kernel, or torch's import); values the user
+# set win. They apply to every GNU OpenMP user in the process, PyTorch included.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("GOMP_SPINCOUNT", "0")
