@@ -42,28 +42,26 @@ async def _encode(outputs: dict[str, Any], fn: Callable[..., EncodedBody], *args
     return BodyResponse(await offload(_out_bytes(outputs), fn, *args))
 
 
-async def serve_native(request: Request, op: Operation) -> BodyResponse:
+async def _decode(request: Request, decode_json: Callable[[bytes | bytearray, int], Decoded]) -> Decoded:
+    """The body in whichever format it came, as tensors and options."""
     fmt, header_length = request_format(request)
     body = await read_body(request)
     limit = request.app.state.settings.max_elements
     if fmt == "binary":
-        decoded = await offload(len(body), decode_binary, body, header_length, limit)
-    else:
-        decoded = await offload(len(body), decode_native_json, body, op.inputs, limit)
+        return await offload(len(body), decode_binary, body, header_length, limit)
+    return await offload(len(body), decode_json, body, limit)
+
+
+async def serve_native(request: Request, op: Operation) -> BodyResponse:
+    decoded = await _decode(request, lambda body, limit: decode_native_json(body, op.inputs, limit))
     outputs = await _compute(request, op, decoded)
-    if fmt == "binary":
+    if decoded.binary:
         return await _encode(outputs, encode_binary, outputs)
     return await _encode(outputs, encode_native_json, outputs)
 
 
 async def serve_v2(request: Request, op: Operation, version: str) -> BodyResponse:
-    fmt, header_length = request_format(request)
-    body = await read_body(request)
-    limit = request.app.state.settings.max_elements
-    if fmt == "binary":
-        decoded = await offload(len(body), decode_binary, body, header_length, limit)
-    else:
-        decoded = await offload(len(body), decode_v2_json, body, limit)
+    decoded = await _decode(request, decode_v2_json)
     check_outputs_known(decoded, op.outputs)
     outputs = await _compute(request, op, decoded)
     return await _encode(outputs, encode_v2, op.name, decoded, outputs, version)
