@@ -24,6 +24,15 @@ def _ms(seconds: float) -> str:
     return f"{ms:.3f} ms" if ms < 1 else f"{ms:.2f} ms" if ms < 100 else f"{ms:.0f} ms"
 
 
+def write(report: str, rows: Sequence[dict], peers: Sequence[str], stem: pathlib.Path, title: str) -> pathlib.Path:
+    """``<stem>.md`` (the report, then its plots) and the plots beside it."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    pngs = plots(rows, [p for p in peers if any(r.get(p) for r in rows)], stem, title)
+    path = stem.with_suffix(".md")
+    path.write_text(report + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
+    return path
+
+
 def plots(rows: Sequence[dict], peers: Sequence[str], stem: pathlib.Path, title: str) -> list[pathlib.Path]:
     """``<stem>-time.png`` (time vs n per batch size) and ``<stem>-ratio.png`` (ratio vs peers)."""
     import matplotlib

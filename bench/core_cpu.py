@@ -20,7 +20,7 @@ import numpy as np
 import scipy.linalg
 
 import lu_core
-from bench._report import plots, ratio_table
+from bench._report import ratio_table, write
 from bench._timing import interleaved, machine
 
 GRID_N = (8, 32, 128, 512, 2048)
@@ -141,12 +141,10 @@ def run(quick: bool, out: pathlib.Path | None, progress: Callable[[str], None]) 
     print(report)
     if out is None:
         return None
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{dt.date.today().isoformat()}-cpu{'-quick' if quick else ''}"
-    pngs = plots(rows, [p for p in PEERS if any(r.get(p) for r in rows)], stem, "lu_core on the CPU")
-    path = stem.with_suffix(".md")
-    path.write_text(report + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
-    progress(f"wrote {path} and {', '.join(p.name for p in pngs)}")
+    path = write(
+        report, rows, PEERS, out / f"{dt.date.today().isoformat()}-cpu{'-quick' if quick else ''}", "lu_core on the CPU"
+    )
+    progress(f"wrote {path} and its plots")
     return path
 
 

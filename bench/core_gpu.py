@@ -22,7 +22,7 @@ import statistics
 from collections.abc import Callable
 
 import lu_core
-from bench._report import plots, ratio_table
+from bench._report import ratio_table, write
 
 GRID_N = (8, 32, 128, 512, 2048, 8192)
 GRID_BATCH = (1, 100, 10000, 100000)
@@ -178,10 +178,8 @@ def run(quick: bool, out: pathlib.Path | None, progress: Callable[[str], None]) 
     print(report)
     if out is None:
         return None
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"{dt.date.today().isoformat()}-gpu{'-quick' if quick else ''}"
-    pngs = plots(rows, [p for p in PEERS if any(r.get(p) for r in rows)], stem, f"lu_core on {name}")
-    path = stem.with_suffix(".md")
-    path.write_text(report + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in pngs) + "\n")
+    path = write(
+        report, rows, PEERS, out / f"{dt.date.today().isoformat()}-gpu{'-quick' if quick else ''}", f"lu_core on {name}"
+    )
     progress(f"wrote {path}")
     return path

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from lu_client._base import BaseClient, Call, vector_rhs
+from lu_client._base import BaseClient, BodyBuffer, Call, vector_rhs
 from lu_client._codec import to_numpy
 from lu_client._errors import APIConnectionError, APIStatusError, APITimeoutError
 from lu_client._split import split
@@ -170,15 +170,11 @@ async def _async_chunks(call: Call) -> AsyncIterator[bytes | memoryview]:
 
 
 async def _read(response: httpx.Response) -> bytes | bytearray:
-    declared = response.headers.get("content-length")
-    if response.is_stream_consumed:  # a transport that answered with the body already read (mocks)
-        return bytearray(response.content)
-    if declared is None or response.headers.get("content-encoding"):
+    body = BodyBuffer(response)
+    if body.ready is not None:
+        return body.ready
+    if not body.streamed:
         return await response.aread()
-    buffer = bytearray(int(declared))
-    view = memoryview(buffer)
-    got = 0
     async for chunk in response.aiter_raw():
-        view[got : got + len(chunk)] = chunk
-        got += len(chunk)
-    return buffer if got == len(buffer) else bytes(view[:got])
+        body.feed(chunk)
+    return body.result()

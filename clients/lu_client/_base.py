@@ -169,6 +169,30 @@ class BaseClient:
             )
 
 
+class BodyBuffer:
+    """An answer's body, filled chunk by chunk into one writable buffer of its declared length.
+
+    Writable, so results decoded over it are writable arrays; one copy, no join.
+    """
+
+    def __init__(self, response: httpx.Response) -> None:
+        declared = response.headers.get("content-length")
+        self.ready: bytes | bytearray | None = None
+        if response.is_stream_consumed:  # a transport that answered with the body already read (mocks)
+            self.ready = bytearray(response.content)
+        self.streamed = self.ready is None and declared is not None and not response.headers.get("content-encoding")
+        self._buffer = bytearray(int(declared)) if self.streamed else bytearray()
+        self._got = 0
+
+    def feed(self, chunk: bytes) -> None:
+        end = self._got + len(chunk)
+        self._buffer[self._got : end] = chunk
+        self._got = end
+
+    def result(self) -> bytes | bytearray:
+        return self._buffer if self._got == len(self._buffer) else bytes(self._buffer[: self._got])
+
+
 def vector_rhs(A: np.ndarray, B: np.ndarray) -> bool:
     """``torch.linalg.solve``'s rule: B is a (batch of) vector(s)."""
     return B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])

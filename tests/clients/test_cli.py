@@ -104,3 +104,14 @@ def test_the_client_installs_alone():
 
     deps = tomllib.loads((ROOT / "clients" / "pyproject.toml").read_text())["project"]["dependencies"]
     assert sorted(d.split(">")[0] for d in deps) == ["httpx", "numpy"]
+
+
+def test_unreadable_input_files_exit_2_without_a_request(cli, tmp_path, capsys):
+    (tmp_path / "bad.npy").write_bytes(b"not a numpy file")
+    np.save(tmp_path / "obj.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)  # never unpickled
+    np.save(tmp_path / "B.npy", np.ones(2))
+    for bad in ("bad.npy", "obj.npy", "missing.npy"):
+        args = ["solve", str(tmp_path / bad), str(tmp_path / "B.npy"), "-o", str(tmp_path / "X.npy")]
+        assert cli(args) == 2, bad
+        assert "cannot read input" in capsys.readouterr().err
+    assert not (tmp_path / "X.npy").exists()
