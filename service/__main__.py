@@ -12,6 +12,7 @@ from service.app import create_app
 from service.config import Settings
 from service.device import DeviceUnavailableError
 from service.logs import configure_logging
+from service.protocol import bounded_protocol
 
 
 def main() -> int:
@@ -26,10 +27,18 @@ def main() -> int:
     except DeviceUnavailableError as exc:
         logging.getLogger("service").error("%s", exc)
         return 2
+    protocol = bounded_protocol(
+        read_timeout_s=settings.read_timeout_s,
+        keep_alive_s=settings.keep_alive_s,
+        max_header_bytes=settings.max_header_bytes,
+        on_refusal=app.state.metrics.protocol_refusal,
+    )
     uvicorn.run(
         app,
         host=settings.host,
         port=settings.port,
+        http=protocol,
+        timeout_keep_alive=settings.keep_alive_s,
         log_config=None,  # configure_logging owns the format
         access_log=False,  # service.middleware writes one structured line per request
         timeout_graceful_shutdown=settings.graceful_shutdown_s,

@@ -13,13 +13,14 @@ import numpy as np
 from fastapi import FastAPI
 
 import lu_core
+from service.budget import MemoryBudget
 from service.config import Settings
 from service.device import Device, select_device
 from service.errors import install_handlers
 from service.metrics import Metrics
 from service.middleware import RequestMiddleware
 from service.operations import OPERATIONS
-from service.routes import health, native, v2
+from service.routes import docs, health, native, v2
 from service.worker import DeviceWorker
 
 __all__ = ["create_app"]
@@ -50,6 +51,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     device = select_device(settings)
     metrics = Metrics(device.kind, device.name)
+    budget = MemoryBudget(settings.max_inflight_bytes, retry_after_s=settings.retry_after_s)
+    metrics.watch_budget(budget)
     worker = DeviceWorker(device, metrics, max_queue=settings.max_queue, retry_after_s=settings.retry_after_s)
     ready = threading.Event()
 
@@ -74,17 +77,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=lu_core.__version__,
         summary="Batched LU factorization, unpacking and solves with PyTorch semantics, over HTTP.",
         lifespan=lifespan,
+        # Served by routes/docs.py, behind the API key unless LU_DOCS_PUBLIC.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.device = device
     app.state.metrics = metrics
     app.state.worker = worker
     app.state.ready = ready
+    app.state.budget = budget
     install_handlers(app)
     app.include_router(health.router)
     app.include_router(health.metrics_router)
     app.include_router(v2.health_router)
     app.include_router(v2.router)
     app.include_router(native.router)
-    app.add_middleware(RequestMiddleware, max_request_bytes=settings.max_request_bytes, metrics=metrics)
+    app.include_router(docs.router)
+    app.add_middleware(RequestMiddleware, settings=settings, budget=budget, metrics=metrics)
     return app

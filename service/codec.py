@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from service.errors import bad_request, invalid, too_large
+from service.errors import bad_request, brief, invalid, too_large
+from service.footprint import work_elements
 
 __all__ = [
     "DATATYPES",
@@ -67,6 +68,8 @@ DATATYPES: dict[str, np.dtype] = {
 _DATATYPE_OF = {dt.newbyteorder("="): name for name, dt in DATATYPES.items()}
 # dtype names accepted in the JSON object form (the contract's list).
 JSON_DTYPES = ("float32", "float64", "complex64", "complex128", "int32", "int64")
+# Most dimensions of a tensor (NumPy 1's limit; NumPy 2 allows 64, which orjson cannot write back).
+MAX_RANK = 32
 _NONFINITE_IN = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 
@@ -111,8 +114,12 @@ def _numbers(name: str, value: Any) -> np.ndarray:
     """A nested list of JSON numbers (and the non-finite strings) as an array."""
     try:
         arr = np.array(value)
-    except (ValueError, TypeError, OverflowError):
-        raise bad_request("malformed_tensor", f"{name}: nested lists are ragged or hold non-numbers") from None
+    except (ValueError, TypeError, OverflowError, RecursionError):
+        raise bad_request(
+            "malformed_tensor", f"{name}: nested lists are ragged, too deep or hold non-numbers"
+        ) from None
+    if arr.ndim > MAX_RANK:
+        raise bad_request("malformed_tensor", f"{name}: nested {arr.ndim} deep, at most {MAX_RANK} levels are allowed")
     if arr.dtype.kind == "U":  # strings present: only the three non-finite spellings are numbers
         arr = np.array(_replace_nonfinite(name, value), dtype=np.float64)
     if arr.dtype.kind not in "iuf":
@@ -139,14 +146,22 @@ def _replace_nonfinite(name: str, value: Any) -> Any:
 
 def _shape(name: str, shape: Any) -> tuple[int, ...]:
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise bad_request("malformed_tensor", f"{name}: shape must be a list of non-negative integers, got {shape!r}")
-    if len(shape) > 32:
-        raise bad_request("malformed_tensor", f"{name}: shape has {len(shape)} dimensions, at most 32 are supported")
+        raise bad_request(
+            "malformed_tensor", f"{name}: shape must be a list of non-negative integers, got {brief(shape)}"
+        )
+    if len(shape) > MAX_RANK:
+        raise bad_request(
+            "malformed_tensor", f"{name}: shape has {len(shape)} dimensions, at most {MAX_RANK} are supported"
+        )
     return tuple(shape)
 
 
 class _Budget:
-    """Counts declared elements across a request, before anything is allocated."""
+    """Counts declared elements across a request, before anything is allocated.
+
+    A zero-size dimension counts as one (:func:`~service.footprint.work_elements`):
+    an empty tensor's batch dimensions still size its pivots, ``info`` and bookkeeping.
+    """
 
     def __init__(self, max_elements: int) -> None:
         self.left = max_elements
@@ -164,8 +179,8 @@ class _Budget:
 def _typed_tensor(name: str, dtype: np.dtype, shape: tuple[int, ...] | None, data: Any, budget: _Budget) -> np.ndarray:
     """``data`` (flat or nested, complex as [re, im]) as ``dtype``, checked against ``shape``."""
     count = math.prod(shape) if shape is not None else None
-    if count is not None:
-        budget.take(name, count)
+    if shape is not None:
+        budget.take(name, work_elements(shape))
     arr = _numbers(name, data) if isinstance(data, list) else _numbers(name, [data])
     if not isinstance(data, list):
         arr = arr.reshape(())
@@ -182,7 +197,7 @@ def _typed_tensor(name: str, dtype: np.dtype, shape: tuple[int, ...] | None, dat
         if arr.min() < info.min or arr.max() > info.max:
             raise bad_request("malformed_tensor", f"{name}: a value is out of range for {dtype.name}")
     if count is None:
-        budget.take(name, arr.size)
+        budget.take(name, work_elements(arr.shape))
         shape = arr.shape
     elif arr.size != count:
         raise bad_request(
@@ -195,7 +210,7 @@ def _json_tensor(name: str, value: Any, default: np.dtype, budget: _Budget) -> n
     """A tensor in the native JSON form: nested list, or {"dtype", "shape", "data"}."""
     if isinstance(value, list) or (isinstance(value, int | float) and not isinstance(value, bool)):
         arr = _numbers(name, value)
-        budget.take(name, arr.size)
+        budget.take(name, work_elements(arr.shape))
         if default.kind == "f" and arr.dtype.kind in "iu":
             return arr.astype(default)
         return arr.astype(np.int64) if arr.dtype.kind in "iu" else arr
@@ -203,13 +218,13 @@ def _json_tensor(name: str, value: Any, default: np.dtype, budget: _Budget) -> n
         unknown = set(value) - {"dtype", "shape", "data"}
         if unknown:
             raise bad_request(
-                "malformed_tensor", f"{name}: unknown keys {sorted(unknown)} (expected dtype, shape, data)"
+                "malformed_tensor", f"{name}: unknown keys {brief(sorted(unknown))} (expected dtype, shape, data)"
             )
         if "data" not in value:
             raise bad_request("malformed_tensor", f"{name}: the object form needs 'data'")
         dtype_name = value.get("dtype", default.name)
-        if dtype_name not in JSON_DTYPES:
-            raise invalid("invalid_dtype", f"{name}: dtype {dtype_name!r} is not one of {', '.join(JSON_DTYPES)}")
+        if not isinstance(dtype_name, str) or dtype_name not in JSON_DTYPES:
+            raise invalid("invalid_dtype", f"{name}: dtype {brief(dtype_name)} is not one of {', '.join(JSON_DTYPES)}")
         shape = _shape(name, value["shape"]) if "shape" in value else None
         return _typed_tensor(name, np.dtype(dtype_name), shape, value["data"], budget)
     raise bad_request("malformed_tensor", f"{name}: expected a nested list or a {{dtype, shape, data}} object")
@@ -237,7 +252,9 @@ def _oip_dtype(name: str, datatype: Any) -> np.dtype:
     try:
         return DATATYPES[datatype]
     except KeyError:
-        raise invalid("invalid_dtype", f"{name}: datatype {datatype!r} is not one of {', '.join(DATATYPES)}") from None
+        raise invalid(
+            "invalid_dtype", f"{name}: datatype {brief(datatype)} is not one of {', '.join(DATATYPES)}"
+        ) from None
 
 
 def _oip_inputs(header: Any) -> list[dict[str, Any]]:
@@ -266,11 +283,14 @@ def _oip_common(header: dict[str, Any], tensors: dict[str, np.ndarray], binary: 
             raise bad_request("malformed_body", "'outputs' must be a list of objects with a 'name'")
         names = [o["name"] for o in outputs]
         for o in outputs:
-            flag = (o.get("parameters") or {}).get("binary_data")
+            params = o.get("parameters") or {}
+            if not isinstance(params, dict):
+                raise bad_request("malformed_body", f"outputs[{brief(o['name'])}].parameters must be an object")
+            flag = params.get("binary_data")
             if flag is not None:
                 if not isinstance(flag, bool):
                     raise bad_request(
-                        "malformed_body", f"outputs[{o['name']}].parameters.binary_data must be a boolean"
+                        "malformed_body", f"outputs[{brief(o['name'])}].parameters.binary_data must be a boolean"
                     )
                 flags[o["name"]] = flag
     default_binary = options.get("binary_data_output", binary)
@@ -287,7 +307,7 @@ def _tensor_name(entry: dict[str, Any], seen: dict[str, np.ndarray]) -> str:
     if not isinstance(name, str):
         raise bad_request("malformed_tensor", "every input needs a string 'name'")
     if name in seen:
-        raise bad_request("malformed_tensor", f"input {name!r} appears twice")
+        raise bad_request("malformed_tensor", f"input {brief(name)} appears twice")
     return name
 
 
@@ -305,7 +325,7 @@ def decode_v2_json(body: bytes | bytearray | memoryview, max_elements: int) -> D
     return _oip_common(header, tensors, binary=False)
 
 
-def decode_binary(body: bytes | bytearray, header_length: str | int, max_elements: int) -> Decoded:
+def decode_binary(body: bytes | bytearray | memoryview, header_length: str | int, max_elements: int) -> Decoded:
     """The binary tensor extension: a JSON header, then each input's raw bytes in order."""
     try:
         hlen = int(header_length)
@@ -331,13 +351,13 @@ def decode_binary(body: bytes | bytearray, header_length: str | int, max_element
                 raise bad_request("malformed_tensor", f"{name}: neither binary_data_size nor data")
             tensors[name] = _typed_tensor(name, dtype, shape, entry["data"], budget)
             continue
+        budget.take(name, work_elements(shape))
         count = math.prod(shape)
-        budget.take(name, count)
         if not isinstance(size, int) or isinstance(size, bool) or size != count * dtype.itemsize:
             raise bad_request(
                 "shape_mismatch",
                 f"{name}: shape {list(shape)} of {entry['datatype']} is {count * dtype.itemsize} bytes, "
-                f"binary_data_size says {size!r}",
+                f"binary_data_size says {brief(size)}",
             )
         if offset + size > len(body):
             raise bad_request("truncated_body", f"{name}: the body ends {offset + size - len(body)} bytes early")

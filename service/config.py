@@ -6,6 +6,7 @@ Nothing else in the service reads the environment. Tests build their own
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
@@ -14,6 +15,27 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 __all__ = ["Settings"]
 
 MiB = 1 << 20
+KiB = 1 << 10
+
+
+def memory_available() -> int:
+    """Bytes of memory this process may use: its cgroup's limit when one is set, else the machine's RAM."""
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:  # cgroup v2 (containers, Kubernetes)
+            text = f.read().strip()
+        if text.isdigit():
+            return min(int(text), os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (OSError, ValueError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (OSError, ValueError):  # pragma: no cover - not Linux
+        return 8 << 30
+
+
+def default_inflight_bytes() -> int:
+    """Half of :func:`memory_available`: the rest is the process itself, the OS and its page cache."""
+    return memory_available() // 2
 
 
 class Settings(BaseSettings):
@@ -38,12 +60,39 @@ class Settings(BaseSettings):
         gt=0,
         description="Most tensor elements in one request, and in one response (checked before allocating).",
     )
+    max_json_bytes: int = Field(
+        64 * MiB,
+        gt=0,
+        description="Largest JSON body (parsed JSON takes up to ~24x its text in memory; send big tensors binary).",
+    )
+    max_inflight_bytes: int = Field(
+        default_factory=default_inflight_bytes,
+        gt=0,
+        description="Memory held for all requests together (bodies, decoded tensors, jobs, answers, stored "
+        "factorizations); a request that would pass it is refused with 503 before its body is read. "
+        "Default: half the memory of the machine or container.",
+    )
+    read_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A request's headers and body must arrive within this many seconds, else 408 and the "
+        "connection is closed.",
+    )
+    keep_alive_s: float = Field(
+        5.0, gt=0, description="An idle connection (before its first request or between requests) is closed after it."
+    )
+    max_header_bytes: int = Field(
+        64 * KiB, ge=1024, description="Largest request line plus headers; beyond it, 431 and the connection closes."
+    )
     max_queue: int = Field(
         64, ge=1, description="Requests waiting for the device worker; beyond it, 503 with Retry-After."
     )
     retry_after_s: int = Field(1, ge=0, description="Seconds sent in Retry-After with a 503.")
     api_key: SecretStr | None = Field(
         None, description="Comma-separated bearer tokens; when set, every endpoint but health needs one."
+    )
+    docs_public: bool = Field(
+        False, description="Serve /docs, /redoc and /openapi.json without the API key when LU_API_KEY is set."
     )
     warmup: bool = Field(True, description="Compile and run every operation once per dtype before reporting ready.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log threshold.")

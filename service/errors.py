@@ -7,6 +7,7 @@ Every error body is ``{"error": <message>, "code": <snake_case>, "request_id": <
 from __future__ import annotations
 
 import logging
+import reprlib
 from typing import Any
 
 import orjson
@@ -18,9 +19,18 @@ from starlette.responses import Response
 import lu_core
 from service.context import current_request_id
 
-__all__ = ["ServiceError", "error_response", "install_handlers"]
+__all__ = ["ServiceError", "brief", "error_response", "install_handlers"]
 
 log = logging.getLogger("service.errors")
+
+_BRIEF = reprlib.Repr()
+_BRIEF.maxlevel, _BRIEF.maxlist, _BRIEF.maxdict = 3, 8, 8
+_BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlong = 60, 60, 40
+
+
+def brief(value: Any) -> str:
+    """A short repr of client-sent data for error messages: bounded length, no recursion into deep nesting."""
+    return _BRIEF.repr(value)
 
 
 class ServiceError(Exception):
@@ -102,7 +112,11 @@ def _answer(request: Request, exc: ServiceError) -> Response:
 
 
 def install_handlers(app: FastAPI) -> None:
-    """Map every exception a request can raise to the error model (never a bare 500 for input)."""
+    """Map every exception a request can raise to the error model (never a bare 500 for input).
+
+    Anything else is a bug: ``service.middleware`` answers it with a 500 that carries the
+    request id and logs the traceback.
+    """
 
     @app.exception_handler(ServiceError)
     async def _service(request: Request, exc: ServiceError) -> Response:
@@ -123,9 +137,3 @@ def install_handlers(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(p) for p in first.get("loc", ()))
         return _answer(request, ServiceError(422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}"))
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> Response:
-        # A bug, not bad input: logged with its traceback, answered without internals.
-        log.error("unhandled error", exc_info=exc)
-        return _answer(request, ServiceError(500, "internal_error", "internal server error; see the server log"))

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:
+    from service.budget import MemoryBudget
 
 __all__ = ["Metrics"]
 
@@ -39,6 +44,20 @@ class Metrics:
             "lu_device_info", "The device this process computes on (always 1).", ["device", "name"], registry=r
         )
         info.labels(device_kind, device_name).set(1)
+
+    def protocol_refusal(self, status: int, code: str) -> None:
+        """A request refused by the HTTP protocol layer (timeout, header size, unparsable) before the app saw it."""
+        self.requests.labels("unmatched", "-", str(status), self.device).inc()
+        self.errors.labels(code).inc()
+
+    def watch_budget(self, budget: MemoryBudget) -> None:
+        """Gauges read from the in-flight budget at scrape time."""
+        r = self.registry
+        Gauge("lu_inflight_bytes", "Bytes reserved for requests now.", registry=r).set_function(lambda: budget.in_use)
+        Gauge("lu_inflight_limit_bytes", "LU_MAX_INFLIGHT_BYTES.", registry=r).set(budget.limit)
+        Gauge("lu_inflight_peak_bytes", "Most bytes reserved at once since start.", registry=r).set_function(
+            lambda: budget.peak
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,9 +1,22 @@
-"""The outermost layer of every request: its id, the body-size bound, metrics and the access log.
+"""The outermost layer of every request: its id, admission against the limits, metrics and the access log.
 
 Written as plain ASGI (not ``BaseHTTPMiddleware``) so that bodies stream through
-untouched. A ``Content-Length`` over ``LU_MAX_REQUEST_BYTES`` is refused before
-a byte of the body is read; a body without one is counted as it streams and
-refused as soon as it passes the bound.
+untouched. Before a byte of the body is read, a request is admitted or refused:
+
+* a ``Content-Length`` over ``LU_MAX_REQUEST_BYTES`` (or, for JSON, over
+  ``LU_MAX_JSON_BYTES``) is a 413;
+* the memory the body will take once decoded (:mod:`service.footprint`) is
+  reserved against ``LU_MAX_INFLIGHT_BYTES``; when it does not fit, 503
+  ``overloaded`` with ``Retry-After``.
+
+A body without a ``Content-Length`` (chunked) is counted and reserved as it
+streams. The reservation lives until the answer has been sent (the worker holds
+it too while it computes), so everything a request holds is accounted.
+
+Every answer carries ``X-Request-ID``, 500s included: an unexpected exception is
+answered here, with the id, rather than by Starlette's outermost handler. A
+client that goes away before its answer is not a server error: it is counted
+with status 499 (nginx's "client closed request") and logged without a traceback.
 """
 
 from __future__ import annotations
@@ -15,26 +28,37 @@ import uuid
 from typing import Any
 
 from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.budget import MemoryBudget, Reservation
+from service.codec import HEADER_LENGTH
+from service.config import Settings
 from service.context import request_id_var
 from service.errors import ServiceError, bad_request, error_response, too_large
+from service.footprint import body_bytes
 from service.metrics import Metrics
 
-__all__ = ["RequestMiddleware"]
+__all__ = ["CLIENT_CLOSED", "RequestMiddleware", "reservation_of"]
 
 log = logging.getLogger("service.access")
+errors_log = logging.getLogger("service.errors")
 _VALID_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
+CLIENT_CLOSED = 499
+_RESERVATION = "lu.reservation"
 
 
-def _too_large(limit: int, what: str) -> ServiceError:
-    return too_large("request_too_large", f"{what} exceeds LU_MAX_REQUEST_BYTES = {limit} bytes")
+def reservation_of(scope: Scope) -> Reservation | None:
+    """The request's memory reservation (the pipeline grows it by the size of the answer)."""
+    return scope.get("state", {}).get(_RESERVATION)
 
 
 class RequestMiddleware:
-    def __init__(self, app: ASGIApp, *, max_request_bytes: int, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, *, settings: Settings, budget: MemoryBudget, metrics: Metrics) -> None:
         self.app = app
-        self.limit = max_request_bytes
+        self.limit = settings.max_request_bytes
+        self.json_limit = min(settings.max_json_bytes, settings.max_request_bytes)
+        self.budget = budget
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -46,20 +70,27 @@ class RequestMiddleware:
         rid = given if _VALID_ID.fullmatch(given) else uuid.uuid4().hex
         token = request_id_var.set(rid)
         start = time.perf_counter()
-        state: dict[str, Any] = {"status": 500, "in": 0, "out": 0}
-        limit = self.limit
+        state: dict[str, Any] = {"status": 500, "in": 0, "out": 0, "started": False}
+        fmt = "binary" if HEADER_LENGTH in headers else "json"
+        limit = self.limit if fmt == "binary" else self.json_limit
+        declared = headers.get("content-length")
+        reservation: Reservation | None = None
 
         async def counted_receive() -> Message:
             message = await receive()
             if message["type"] == "http.request":
-                state["in"] += len(message.get("body", b""))
+                size = len(message.get("body", b""))
+                state["in"] += size
                 if state["in"] > limit:
-                    raise _too_large(limit, "the body")
+                    raise _too_large(limit, fmt, "the body")
+                if declared is None and reservation is not None:  # chunked: reserve as it arrives
+                    reservation.grow(body_bytes(fmt, state["in"]) - body_bytes(fmt, state["in"] - size))
             return message
 
         async def tagged_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 state["status"] = message["status"]
+                state["started"] = True
                 message.setdefault("headers", [])
                 message["headers"] = [*message["headers"], (b"x-request-id", rid.encode())]
             elif message["type"] == "http.response.body":
@@ -68,25 +99,43 @@ class RequestMiddleware:
 
         self.metrics.in_flight.inc()
         try:
-            early = self._check_length(headers.get("content-length"))
-            if early is not None:
+            try:
+                reservation = self._admit(declared, fmt, limit)
+            except ServiceError as early:
                 self.metrics.errors.labels(early.code).inc()
+                if early.status == 503:
+                    self.metrics.rejected.labels("memory").inc()
                 await error_response(early)(scope, receive, tagged_send)
+                return
+            scope.setdefault("state", {})[_RESERVATION] = reservation
+            await self.app(scope, counted_receive, tagged_send)
+        except ClientDisconnect:
+            state["status"] = CLIENT_CLOSED
+        except Exception as exc:  # a bug: answered with the request id, logged with its traceback
+            if state["status"] == CLIENT_CLOSED or _is_disconnect(exc):
+                state["status"] = CLIENT_CLOSED
             else:
-                await self.app(scope, counted_receive, tagged_send)
+                errors_log.error("unhandled error", exc_info=exc)
+                self.metrics.errors.labels("internal_error").inc()
+                if not state["started"]:
+                    failure = ServiceError(500, "internal_error", "internal server error; see the server log")
+                    await error_response(failure)(scope, receive, tagged_send)
         finally:
+            if reservation is not None:
+                reservation.release()
             self.metrics.in_flight.dec()
             self._record(scope, state, time.perf_counter() - start)
             request_id_var.reset(token)
 
-    def _check_length(self, value: str | None) -> ServiceError | None:
-        if value is None:
-            return None
-        if not value.isdigit():
-            return bad_request("malformed_header", f"Content-Length {value[:40]!r} is not a byte count")
-        if int(value) > self.limit:
-            return _too_large(self.limit, f"Content-Length {int(value)}")
-        return None
+    def _admit(self, declared: str | None, fmt: str, limit: int) -> Reservation:
+        if declared is None:
+            return self.budget.reserve(0)
+        if not declared.isdigit():
+            raise bad_request("malformed_header", f"Content-Length {declared[:40]!r} is not a byte count")
+        size = int(declared)
+        if size > limit:
+            raise _too_large(limit, fmt, f"Content-Length {size}")
+        return self.budget.reserve(body_bytes(fmt, size), "this request's body")
 
     def _record(self, scope: Scope, state: dict[str, Any], seconds: float) -> None:
         route = scope.get("route")
@@ -110,3 +159,16 @@ class RequestMiddleware:
                 "bytes_out": state["out"],
             },
         )
+
+
+def _too_large(limit: int, fmt: str, what: str) -> ServiceError:
+    setting = "LU_MAX_REQUEST_BYTES" if fmt == "binary" else "LU_MAX_JSON_BYTES (JSON bodies; send big tensors binary)"
+    return too_large("request_too_large", f"{what} exceeds {setting} = {limit} bytes")
+
+
+def _is_disconnect(exc: BaseException) -> bool:
+    # A disconnect may surface wrapped (an ExceptionGroup from a task group) or as a reset socket.
+    if isinstance(exc, ClientDisconnect | ConnectionResetError | BrokenPipeError):
+        return True
+    inner = getattr(exc, "exceptions", None)
+    return bool(inner) and all(_is_disconnect(e) for e in inner)

@@ -9,7 +9,6 @@ ask for an enormous result (``lu_unpack`` of a tall matrix, a broadcast solve).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,8 @@ from typing import Any
 import numpy as np
 
 import lu_core
-from service.errors import invalid
+from service.errors import brief, invalid
+from service.footprint import work_elements
 
 __all__ = ["OPERATIONS", "Operation"]
 
@@ -47,10 +47,11 @@ class Operation:
         for key, value in options.items():
             if key not in self.options:
                 raise invalid(
-                    "unknown_option", f"{self.name} has no option {key!r}; its options are {sorted(self.options)}"
+                    "unknown_option",
+                    f"{self.name} has no option {brief(key)}; its options are {sorted(self.options)}",
                 )
             if not isinstance(value, bool):
-                raise invalid("invalid_option", f"{key}: expected true or false, got {value!r}")
+                raise invalid("invalid_option", f"{key}: expected true or false, got {brief(value)}")
             opts[key] = value
         count = self.output_elements(tensors, opts)
         if count > max_elements:
@@ -65,28 +66,33 @@ def _dims(a: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in getattr(a, "shape", ()))
 
 
+# Output sizes count each zero-size dimension as one (footprint.work_elements): an empty
+# matrix still has its pivots, info and place in the batch, and a batch of 2**29 empty
+# systems must not pass for zero work.
+
+
 def _batch(shape: tuple[int, ...]) -> int:
-    return math.prod(shape[:-2]) if len(shape) >= 2 else 1
+    return work_elements(shape[:-2]) if len(shape) >= 2 else 1
 
 
 def _factor_size(t: Arrays, _: Mapping[str, bool]) -> int:
     s = _dims(t["A"])
     if len(s) < 2:
         return 0  # lu_core raises a shape error
-    return math.prod(s) + 2 * _batch(s) * min(s[-2:])
+    return work_elements(s) + 2 * _batch(s) * max(min(s[-2:]), 1)
 
 
 def _unpack_size(shape: tuple[int, ...], data: bool, pivots: bool) -> int:
     if len(shape) < 2:
         return 0
-    m, n = shape[-2:]
+    m, n = (max(d, 1) for d in shape[-2:])
     k = min(m, n)
-    return _batch(shape) * ((m * k + k * n) * data + m * m * pivots)
+    return _batch(shape) * ((m * k + k * n) * data + m * m * pivots + 1)
 
 
 def _broadcast_batch(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     try:
-        return math.prod(np.broadcast_shapes(a[:-2], b[:-2]))
+        return work_elements(np.broadcast_shapes(a[:-2], b[:-2]))
     except ValueError:
         return 0  # lu_core raises a shape error
 
@@ -96,8 +102,8 @@ def _solve_size(t: Arrays, _: Mapping[str, bool], lhs: str) -> int:
     if len(a) < 2 or len(b) < 1:
         return 0
     if len(b) < 2:
-        return math.prod(b)
-    return _broadcast_batch(a, b) * b[-2] * b[-1]
+        return _batch(a) * max(b[-1], 1)  # a vector, or one per matrix of A's batch
+    return _broadcast_batch(a, b) * max(b[-2], 1) * max(b[-1], 1)
 
 
 def _lu_factor(t: Arrays, o: Mapping[str, bool]) -> Outputs:

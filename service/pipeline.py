@@ -22,16 +22,28 @@ from service.codec import (
     encode_native_json,
     encode_v2,
 )
+from service.footprint import answer_bytes
+from service.middleware import reservation_of
 from service.operations import Operation
 from service.transport import BodyResponse, offload, read_body, request_format
 
 __all__ = ["serve_native", "serve_v2"]
 
 
+def _itemsize(decoded: Decoded) -> int:
+    """Bytes per element of the answer: the widest floating input (integers compute as float64)."""
+    return max((t.dtype.itemsize for t in decoded.tensors.values() if t.dtype.kind in "fc"), default=8)
+
+
 async def _compute(request: Request, op: Operation, decoded: Decoded) -> dict[str, Any]:
     state = request.app.state
     options = op.prepare(decoded.tensors, decoded.options, state.settings.max_elements)
-    return await state.worker.submit(op.name, op.compute, decoded.tensors, options)
+    reservation = reservation_of(request.scope)
+    if reservation is not None:  # the answer's memory, known from the shapes, before the job is queued
+        fmt = "binary" if decoded.binary and all(decoded.binary_outputs.values()) else "json"
+        elements = op.output_elements(decoded.tensors, options)
+        reservation.grow(answer_bytes(fmt, elements, _itemsize(decoded)), f"the answer of {op.name}")
+    return await state.worker.submit(op.name, op.compute, decoded.tensors, options, reservation=reservation)
 
 
 def _out_bytes(outputs: dict[str, Any]) -> int:
@@ -42,7 +54,7 @@ async def _encode(outputs: dict[str, Any], fn: Callable[..., EncodedBody], *args
     return BodyResponse(await offload(_out_bytes(outputs), fn, *args))
 
 
-async def _decode(request: Request, decode_json: Callable[[bytes | bytearray, int], Decoded]) -> Decoded:
+async def _decode(request: Request, decode_json: Callable[[memoryview | bytes, int], Decoded]) -> Decoded:
     """The body in whichever format it came, as tensors and options."""
     fmt, header_length = request_format(request)
     body = await read_body(request)

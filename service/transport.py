@@ -5,13 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal, TypeVar
 
+import anyio
 import anyio.to_thread
+import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from service.codec import HEADER_LENGTH, EncodedBody
 from service.errors import ServiceError, bad_request
+from service.protocol import READ_STARTED
 
 __all__ = ["BodyResponse", "offload", "read_body", "request_format"]
 
@@ -39,19 +42,40 @@ def request_format(request: Request) -> tuple[Literal["json", "binary"], str | N
     return "json", None
 
 
-async def read_body(request: Request) -> bytes | bytearray:
-    """The whole body, copied once into a buffer of the declared length.
+async def read_body(request: Request) -> memoryview | bytes:
+    """The whole body, copied once into a buffer of the declared length, within ``LU_READ_TIMEOUT_S``.
 
     Joining the received chunks afterwards (what ``Request.body`` does) costs a
     second pass over fresh memory: at 128 MiB, ~2x the time of this single copy.
-    ``RequestMiddleware`` has already bounded the length.
+    The buffer is allocated without being touched (``np.empty``), so its pages
+    become resident only as bytes arrive: a client that declares 256 MiB and
+    sends one byte costs one page, not 256 MiB (``RequestMiddleware`` has
+    already bounded the length and reserved its memory against the budget).
+    A body that has not arrived when the deadline passes is a 408, and the
+    connection is closed.
     """
+    settings = request.app.state.settings
+    started = request.scope.get(READ_STARTED)
+    loop_now = anyio.current_time()
+    remaining = settings.read_timeout_s - (loop_now - started if started is not None else 0.0)
+    try:
+        with anyio.fail_after(max(remaining, 0.0)):
+            return await _read(request)
+    except TimeoutError:
+        raise ServiceError(
+            408,
+            "request_timeout",
+            f"the request body did not arrive within LU_READ_TIMEOUT_S = {settings.read_timeout_s} s",
+            headers={"Connection": "close"},
+        ) from None
+
+
+async def _read(request: Request) -> memoryview | bytes:
     declared = request.headers.get("content-length")
     if declared is None or not declared.isdigit():
-        return await request.body()  # chunked: the middleware counts as it streams
+        return await request.body()  # chunked: the middleware counts and reserves as it streams
     size = int(declared)
-    buffer = bytearray(size)
-    view = memoryview(buffer)
+    view = memoryview(np.empty(size, np.uint8))
     got = 0
     async for chunk in request.stream():
         end = got + len(chunk)
@@ -61,7 +85,7 @@ async def read_body(request: Request) -> bytes | bytearray:
         got = end
     if got != size:
         raise bad_request("truncated_body", f"the body ended after {got} of {size} bytes")
-    return buffer
+    return view
 
 
 async def offload(nbytes: int, fn: Callable[..., T], *args: object) -> T:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from service.budget import Reservation
 from service.device import Compute, Device
 from service.errors import unavailable
 from service.metrics import Metrics
@@ -39,6 +40,9 @@ class _Job:
     future: asyncio.Future[dict[str, Any]]
     loop: asyncio.AbstractEventLoop
     queued_at: float
+    # The request's memory reservation, held by the job too: a client that leaves while its job
+    # computes must not free the budget for memory the computation still uses.
+    reservation: Reservation | None = None
 
 
 _STOP = object()
@@ -99,15 +103,24 @@ class DeviceWorker:
     # ------------------------------------------------------------------ submitting
 
     async def submit(
-        self, name: str, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]
+        self,
+        name: str,
+        compute: Compute,
+        tensors: Mapping[str, np.ndarray],
+        options: Mapping[str, bool],
+        *,
+        reservation: Reservation | None = None,
     ) -> dict[str, Any]:
         if not self._accepting:
             raise unavailable("shutting_down", "the service is not accepting work", self._retry_after_s)
         loop = asyncio.get_running_loop()
-        job = _Job(name, compute, tensors, options, loop.create_future(), loop, time.perf_counter())
+        held = reservation.retain() if reservation is not None else None
+        job = _Job(name, compute, tensors, options, loop.create_future(), loop, time.perf_counter(), held)
         try:
             self._queue.put_nowait(job)
         except queue.Full:
+            if held is not None:
+                held.release()
             self._metrics.rejected.labels("queue_full").inc()
             raise unavailable(
                 "overloaded",
@@ -135,6 +148,13 @@ class DeviceWorker:
             self._run(item)
 
     def _run(self, job: _Job) -> None:
+        try:
+            self._compute(job)
+        finally:
+            if job.reservation is not None:
+                job.reservation.release()
+
+    def _compute(self, job: _Job) -> None:
         if job.future.cancelled():  # the client left while the job waited
             return
         start = time.perf_counter()

@@ -165,7 +165,12 @@ def test_graceful_shutdown_finishes_in_flight_requests(rng):
         target=lambda: answers.append(httpx.post(f"{srv.url}/lu", content=body, headers=headers, timeout=60))
     )
     sender.start()
-    time.sleep(0.2)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # SIGTERM only once the request is in flight (the scrape counts itself)
+        scrape = httpx.get(f"{srv.url}/metrics").text
+        if "lu_requests_in_flight 2.0" in scrape:
+            break
+        time.sleep(0.01)
     code = srv.stop()
     sender.join(60)
     assert code in (0, -signal.SIGTERM), "".join(srv.log)  # uvicorn re-raises the signal once drained

@@ -1,0 +1,146 @@
+"""The in-flight memory budget: every byte held for a client is reserved here first.
+
+``LU_MAX_INFLIGHT_BYTES`` bounds what the process holds on behalf of requests:
+bodies being received, decoded tensors and their layout copies, queued and
+running jobs, answers being sent, and anything kept between requests (stored
+factorizations). A reservation that would pass the limit is refused at once
+with 503 ``overloaded`` and ``Retry-After``, before the memory is allocated.
+Nothing ever waits for room: a client that is refused retries later, so the
+budget cannot become a queue that slow clients fill.
+
+A :class:`Reservation` is shared by the parties that hold the memory it stands
+for (the request in the middleware, its job on the worker): each holder calls
+:meth:`Reservation.retain` and :meth:`Reservation.release`, and the bytes go
+back to the budget when the last holder lets go. That keeps the accounting
+right when a client disconnects while its job is still computing.
+"""
+
+from __future__ import annotations
+
+import threading
+from types import TracebackType
+
+from service.errors import unavailable
+
+__all__ = ["MemoryBudget", "Reservation"]
+
+
+class MemoryBudget:
+    """A byte counter with a hard limit, safe to use from the event loop and worker threads."""
+
+    def __init__(self, limit_bytes: int, *, retry_after_s: int = 1) -> None:
+        if limit_bytes <= 0:
+            raise ValueError(f"limit_bytes must be positive, got {limit_bytes}")
+        self.limit = limit_bytes
+        self.retry_after_s = retry_after_s
+        self._used = 0
+        self._peak = 0
+        self._refused = 0
+        self._lock = threading.Lock()
+
+    @property
+    def in_use(self) -> int:
+        return self._used
+
+    @property
+    def peak(self) -> int:
+        """The most bytes reserved at once since start (for tests and /metrics)."""
+        return self._peak
+
+    @property
+    def refused(self) -> int:
+        return self._refused
+
+    def _take(self, nbytes: int) -> bool:
+        if nbytes < 0:
+            raise ValueError(f"cannot reserve a negative number of bytes ({nbytes})")
+        with self._lock:
+            if self._used + nbytes > self.limit:
+                self._refused += 1
+                return False
+            self._used += nbytes
+            self._peak = max(self._peak, self._used)
+            return True
+
+    def _give(self, nbytes: int) -> None:
+        with self._lock:
+            self._used -= nbytes
+
+    def _refusal(self, nbytes: int, what: str) -> Exception:
+        return unavailable(
+            "overloaded",
+            f"{what} needs {nbytes} bytes of memory and the service holds {self._used} of its "
+            f"LU_MAX_INFLIGHT_BYTES = {self.limit} for other requests; retry later",
+            self.retry_after_s,
+        )
+
+    def try_reserve(self, nbytes: int) -> Reservation | None:
+        """A reservation of ``nbytes``, or ``None`` when it would pass the limit."""
+        return Reservation(self, nbytes) if self._take(nbytes) else None
+
+    def reserve(self, nbytes: int, what: str = "this request") -> Reservation:
+        """A reservation of ``nbytes``; 503 ``overloaded`` (a ``ServiceError``) when it would pass the limit."""
+        reservation = self.try_reserve(nbytes)
+        if reservation is None:
+            if nbytes > self.limit:
+                raise unavailable(
+                    "overloaded",
+                    f"{what} needs {nbytes} bytes of memory, more than LU_MAX_INFLIGHT_BYTES = {self.limit} "
+                    "allows for all requests together; send a smaller one",
+                    self.retry_after_s,
+                )
+            raise self._refusal(nbytes, what)
+        return reservation
+
+
+class Reservation:
+    """Bytes held against a :class:`MemoryBudget` until the last holder releases them."""
+
+    def __init__(self, budget: MemoryBudget, nbytes: int) -> None:
+        self._budget = budget
+        self._lock = threading.Lock()
+        self.nbytes = nbytes
+        self._holders = 1
+
+    def grow(self, extra: int, what: str = "this request") -> None:
+        """Reserve ``extra`` more bytes (503 ``overloaded`` when they do not fit)."""
+        if extra == 0:
+            return
+        if not self._budget._take(extra):
+            raise self._budget._refusal(extra, what)
+        with self._lock:
+            if self._holders == 0:  # released meanwhile: nothing would give these back
+                self._budget._give(extra)
+                return
+            self.nbytes += extra
+
+    def retain(self) -> Reservation:
+        """One more holder (e.g. a job on the worker); each holder releases once."""
+        with self._lock:
+            if self._holders == 0:
+                raise RuntimeError("retain() after the reservation was released")
+            self._holders += 1
+        return self
+
+    def release(self) -> None:
+        """Let go; the bytes return to the budget when the last holder has let go. Idempotent past zero."""
+        with self._lock:
+            if self._holders == 0:
+                return
+            self._holders -= 1
+            if self._holders:
+                return
+            nbytes, self.nbytes = self.nbytes, 0
+        self._budget._give(nbytes)
+
+    @property
+    def released(self) -> bool:
+        return self._holders == 0
+
+    def __enter__(self) -> Reservation:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()

@@ -1,0 +1,100 @@
+"""The memory the budget reserves for a request is an upper bound of what serving it takes.
+
+Measured with tracemalloc (NumPy reports its buffers to it) over decode -> prepare ->
+compute -> encode, the path of every request, for every operation, dtype and format,
+including JSON written to take the most memory per byte of text.
+"""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import lu_core
+from service.codec import decode_binary, decode_native_json, encode_binary, encode_native_json
+from service.footprint import answer_bytes, body_bytes
+from service.operations import OPERATIONS
+from tests.service.wire import binary_request, to_json_tensor
+
+LIMIT = 1 << 30
+
+
+def tensors_for(op: str, dtype, b: int, n: int, k: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((b, n, n)).astype(dtype)
+    if np.dtype(dtype).kind == "c":
+        A = A + 1j * rng.standard_normal((b, n, n)).astype(dtype)
+    B = rng.standard_normal((b, n, k)).astype(dtype)
+    LU, piv = lu_core.lu_factor(A)
+    LU = np.ascontiguousarray(LU)
+    return {
+        "lu_factor": {"A": A},
+        "lu": {"A": A},
+        "lu_unpack": {"LU": LU, "pivots": piv},
+        "lu_solve": {"LU": LU, "pivots": piv, "B": B},
+        "solve": {"A": A, "B": B},
+    }[op]
+
+
+def serve_traced(op_name: str, fmt: str, body: bytes, header_length: str | None) -> tuple[int, int]:
+    """(peak bytes, reserved bytes) of serving ``body`` in-process, as the pipeline does."""
+    op = OPERATIONS[op_name]
+    buffer = bytearray(body)
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        if fmt == "binary":
+            decoded = decode_binary(buffer, header_length, LIMIT)
+        else:
+            decoded = decode_native_json(buffer, op.inputs, LIMIT)
+        options = op.prepare(decoded.tensors, decoded.options, LIMIT)
+        itemsize = max((t.dtype.itemsize for t in decoded.tensors.values() if t.dtype.kind in "fc"), default=8)
+        reserved = body_bytes(fmt, len(body)) + answer_bytes(
+            fmt, op.output_elements(decoded.tensors, options), itemsize
+        )
+        outputs = op.compute(decoded.tensors, options)
+        encoded = (encode_binary if fmt == "binary" else encode_native_json)(outputs)
+        peak = tracemalloc.get_traced_memory()[1] - base
+        del encoded, outputs, decoded
+    finally:
+        tracemalloc.stop()
+    return peak + len(body), reserved  # the body buffer was allocated before tracing began
+
+
+CASES = [(b, n, k) for b, n, k in ((3, 64, 1), (1, 96, 40), (500, 8, 1), (40, 1, 1))]
+
+
+@pytest.mark.parametrize("op", sorted(OPERATIONS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
+@pytest.mark.parametrize("fmt", ["binary", "json"])
+def test_reservation_bounds_the_peak(op, dtype, fmt):
+    for b, n, k in CASES:
+        tensors = tensors_for(op, dtype, b, n, k)
+        if fmt == "binary":
+            body, headers = binary_request(tensors)
+            length = headers["inference-header-content-length"]
+        else:
+            body, length = json.dumps({name: to_json_tensor(t) for name, t in tensors.items()}).encode(), None
+        serve_traced(op, fmt, body, length)  # first call: imports and caches, not the request's
+        peak, reserved = serve_traced(op, fmt, body, length)
+        assert peak <= reserved, (op, np.dtype(dtype).name, fmt, (b, n, k), peak, reserved)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"A": [' + ",".join(["[[0]]"] * 20000) + "]}",  # a list per element: the most objects per byte
+        '{"A": [' + ",".join(["[[0.5]]"] * 20000) + "]}",
+        '{"A": [[' + ",".join(["0"] * 40000) + "]]}",
+        '{"A": {"dtype": "complex128", "data": [' + ",".join(["[[[0,0]]]"] * 10000) + "]}}",
+        '{"A": [' + ",".join(['[["NaN"]]'] * 10000) + "]}",
+    ],
+)
+def test_reservation_bounds_adversarial_json(text):
+    body = text.encode()
+    for _ in range(2):
+        peak, reserved = serve_traced("lu_factor", "json", body, None)
+    assert peak <= reserved, (text[:40], peak, reserved, peak / len(body))

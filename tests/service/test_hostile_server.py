@@ -1,0 +1,267 @@
+"""Hostile clients against the real server (`python -m service`, uvicorn, our protocol): deadlines,
+header bounds, parser errors in the error model, disconnects, and memory bounded by LU_MAX_INFLIGHT_BYTES.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.service.test_e2e import Server
+from tests.service.wire import binary_request
+
+READ_TIMEOUT_S = 1.5
+KEEP_ALIVE_S = 1.0
+BUDGET = 256 << 20
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server(
+        LU_WARMUP="false",
+        LU_READ_TIMEOUT_S=str(READ_TIMEOUT_S),
+        LU_KEEP_ALIVE_S=str(KEEP_ALIVE_S),
+        LU_MAX_HEADER_BYTES="8192",
+        LU_MAX_INFLIGHT_BYTES=str(BUDGET),
+        LU_LOG_JSON="true",
+    )
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        if srv.proc.poll() is None:
+            srv.stop()
+
+
+@pytest.fixture(scope="module")
+def memory_server() -> Iterator[Server]:
+    srv = Server(LU_WARMUP="false", LU_MAX_INFLIGHT_BYTES=str(BUDGET), LU_READ_TIMEOUT_S="120")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        if srv.proc.poll() is None:
+            srv.stop()
+
+
+def connect(server: Server) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+    sock.settimeout(30)
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    chunks = []
+    while True:
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks)
+
+
+def parse_response(raw: bytes) -> tuple[int, dict[str, str], dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    return status, headers, json.loads(body)
+
+
+def rss_peak_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+
+
+def reset_rss_peak(pid: int) -> None:
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")  # resets VmHWM to the current RSS (Linux)
+
+
+def rss_now_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
+
+
+# ----------------------------------------------------------------------------- deadlines and bounds
+
+
+def test_idle_connection_is_closed(server):
+    sock = connect(server)
+    start = time.monotonic()
+    assert read_until_closed(sock) == b""
+    assert time.monotonic() - start < KEEP_ALIVE_S + 5
+    sock.close()
+
+
+def test_partial_headers_get_408_and_close(server):
+    sock = connect(server)
+    start = time.monotonic()
+    sock.sendall(b"POST /solve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+    status, headers, body = parse_response(read_until_closed(sock))
+    assert time.monotonic() - start < READ_TIMEOUT_S + 5
+    assert status == 408 and body["code"] == "request_timeout" and body["request_id"]
+    assert headers["connection"] == "close"
+    sock.close()
+
+
+def test_partial_body_gets_408_with_the_request_id(server):
+    sock = connect(server)
+    sock.sendall(
+        b"POST /solve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-ID: slow-body-1\r\n"
+        b'Content-Length: 1000\r\n\r\n{"A": [[1'
+    )
+    start = time.monotonic()
+    status, headers, body = parse_response(read_until_closed(sock))
+    assert time.monotonic() - start < READ_TIMEOUT_S + 5
+    assert (status, body["code"], body["request_id"]) == (408, "request_timeout", "slow-body-1")
+    assert headers["x-request-id"] == "slow-body-1"
+    sock.close()
+
+
+def test_trickling_body_is_cut_off_at_the_deadline(server):
+    sock = connect(server)
+    sock.sendall(b"POST /solve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+    start = time.monotonic()
+    with pytest.raises((BrokenPipeError, ConnectionResetError)):  # noqa: PT012 - closed while we still send
+        for _ in range(200):
+            sock.sendall(b" ")
+            time.sleep(0.05)
+    assert time.monotonic() - start < READ_TIMEOUT_S + 5
+    sock.close()
+
+
+def test_oversized_headers_get_431(server):
+    sock = connect(server)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n")
+    status, _, body = parse_response(read_until_closed(sock))
+    assert (status, body["code"]) == (431, "headers_too_large")
+    sock.close()
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"POST /solve HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
+        b"POST /solve HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+    ],
+)
+def test_unparsable_requests_answer_in_the_error_model(server, request_bytes):
+    sock = connect(server)
+    sock.sendall(request_bytes)
+    status, headers, body = parse_response(read_until_closed(sock))
+    assert status == 400 and body["code"] == "malformed_request" and body["request_id"]
+    assert headers["content-type"] == "application/json"
+    sock.close()
+
+
+def test_a_client_leaving_mid_upload_is_499_not_500(server):
+    before = len(server.log)
+    sock = connect(server)
+    sock.sendall(
+        b'POST /lu_factor HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"A":'
+    )
+    time.sleep(0.3)
+    sock.close()
+    time.sleep(0.5)
+    text = httpx.get(f"{server.url}/metrics").text
+    assert 'lu_requests_total{device="cpu",endpoint="/lu_factor",method="POST",status="499"}' in text
+    assert 'status="500"' not in text
+    assert "Traceback" not in "".join(server.log[before:])
+
+
+def test_small_requests_are_served_while_slow_clients_hold_connections(server):
+    small = {"A": [[3.0, 1.0], [1.0, 2.0]], "B": [9.0, 8.0]}
+    assert httpx.post(f"{server.url}/solve", json=small, timeout=300).status_code == 200  # compiled before timing
+    slow = []
+    for _ in range(50):
+        sock = connect(server)
+        sock.sendall(
+            b"POST /solve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10000\r\n\r\n{"
+        )
+        slow.append(sock)
+    try:
+        r = httpx.post(f"{server.url}/solve", json=small, timeout=30)
+        assert r.status_code == 200
+        np.testing.assert_allclose(r.json()["X"]["data"], [2.0, 3.0])
+    finally:
+        for sock in slow:
+            sock.close()
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def test_declared_lengths_allocate_nothing_and_the_budget_refuses_early(memory_server):
+    """Connections that declare big bodies and send one byte: at most the budget is reserved, RSS barely moves."""
+    before = rss_now_kib(memory_server.proc.pid)
+    socks, statuses = [], []
+    declared = 48 << 20  # reserved at 3x: 2 fit in 256 MiB
+    for _ in range(24):
+        sock = connect(memory_server)
+        header = b'{"inputs": []}'
+        sock.sendall(
+            b"POST /lu_factor HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+            b"Inference-Header-Content-Length: " + str(len(header)).encode() + b"\r\n"
+            b"Content-Length: " + str(declared).encode() + b"\r\n\r\n" + header[:1]
+        )
+        socks.append(sock)
+    time.sleep(0.5)
+    for sock in socks:
+        sock.settimeout(0.2)
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            statuses.append(None)  # admitted: the server waits for the body
+            continue
+        statuses.append(int(data.split()[1]))
+    assert statuses.count(None) <= BUDGET // (3 * declared)
+    assert statuses.count(503) >= len(socks) - BUDGET // (3 * declared)
+    grown = rss_now_kib(memory_server.proc.pid) - before
+    assert grown < 64 << 10, f"RSS grew by {grown} KiB for bodies that never arrived"
+    for sock in socks:
+        sock.close()
+
+
+def test_concurrent_large_uploads_stay_within_the_budget(memory_server):
+    """16 concurrent 40 MB solves against a 256 MiB budget: some are refused (503), RSS stays bounded."""
+    rng = np.random.default_rng(0)
+    n = 1600
+    A = rng.standard_normal((n, n)) + n * np.eye(n)
+    B = rng.standard_normal((n, 1))
+    body, headers = binary_request({"A": A, "B": B})
+    assert (
+        httpx.post(f"{memory_server.url}/solve", content=body, headers=headers, timeout=300).status_code == 200
+    )  # compiles
+    base = rss_now_kib(memory_server.proc.pid)
+    reset_rss_peak(memory_server.proc.pid)
+    results: list[int] = []
+
+    def upload() -> None:
+        for _ in range(3):
+            r = httpx.post(f"{memory_server.url}/solve", content=body, headers=headers, timeout=120)
+            results.append(r.status_code)
+
+    threads = [threading.Thread(target=upload) for _ in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(results) <= {200, 503}, results
+    assert 200 in results and 503 in results
+    peak = rss_peak_kib(memory_server.proc.pid)
+    # The budget, plus the process before the test, plus a stated constant for allocator slack.
+    assert peak <= base + (BUDGET >> 10) + (128 << 10), (peak, base)
+    metrics = httpx.get(f"{memory_server.url}/metrics").text
+    assert "lu_inflight_bytes 0.0" in metrics
