@@ -1,6 +1,6 @@
 """``python -m bench``: every benchmark suite behind one command.
 
-    python -m bench                          # core-cpu, core-gpu (where a GPU is visible), service
+    python -m bench                          # core-cpu, core-gpu (where a GPU is visible), service, hostile
     python -m bench --suite core-cpu service # some of them
     python -m bench --quick                  # small grids and short timings: a smoke test
 
@@ -15,9 +15,9 @@ import pathlib
 import sys
 import time
 
-from bench import core_cpu, core_gpu, service
+from bench import core_cpu, core_gpu, hostile, service
 
-SUITES = {"core-cpu": core_cpu.run, "core-gpu": core_gpu.run, "service": service.run}
+SUITES = {"core-cpu": core_cpu.run, "core-gpu": core_gpu.run, "service": service.run, "hostile": hostile.run}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -67,16 +67,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server() -> tuple[subprocess.Popen, str]:
+def start_server(defaults: bool = False) -> tuple[subprocess.Popen, str]:
+    """The service as its own process; ``defaults``: no limit raised (else room for the biggest cases)."""
     port = free_port()
-    env = {
-        **os.environ,
-        "LU_PORT": str(port),
-        "LU_DEVICE": os.environ.get("LU_DEVICE", "auto"),
-        "LU_MAX_REQUEST_BYTES": str(2 << 30),
-        "LU_MAX_ELEMENTS": str(1 << 28),
-        "LU_LOG_LEVEL": "warning",
-    }
+    env = {**os.environ, "LU_PORT": str(port), "LU_DEVICE": os.environ.get("LU_DEVICE", "auto")}
+    env |= {"LU_LOG_LEVEL": "warning"}
+    if not defaults:
+        env |= {"LU_MAX_REQUEST_BYTES": str(2 << 30), "LU_MAX_ELEMENTS": str(1 << 28)}
+        env |= {"LU_MAX_JSON_BYTES": str(2 << 30)}
     proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300

@@ -50,12 +50,26 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=30,
 )
+
+
+def _deep(value: object, depth: int) -> object:
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# Nesting past NumPy's dimensions and near the JSON parser's limit (the standard library's encoder,
+# used by httpx, gives up past ~1000 levels).
+deep_values = st.builds(_deep, json_values, st.integers(30, 600))
+# Dimensions that are zero, huge, beyond 64 bits or negative, in any combination.
+dimensions = st.one_of(st.integers(0, 5), st.sampled_from([0, 1 << 27, 1 << 31, 1 << 62, 1 << 63, 1 << 64, -1]))
+json_values = json_values | deep_values
 tensor_like = st.one_of(
     st.lists(st.lists(st.floats(allow_nan=False, allow_infinity=False, width=32), max_size=4), max_size=4),
     st.fixed_dictionaries(
         {"data": json_values},
         optional={"dtype": st.sampled_from(["float32", "float64", "complex64", "complex128", "int32", "int64", "x"]),
-                  "shape": st.lists(st.integers(-1, 5), max_size=4)},
+                  "shape": st.lists(dimensions, max_size=4) | json_values},
     ),
     json_values,
 )  # fmt: skip
@@ -100,16 +114,48 @@ def test_random_json_bodies_never_5xx(app, path, body):
     _call(app, path, json=body)
 
 
+v2_inputs = st.lists(
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "name": st.sampled_from(["A", "B", "LU", "pivots"]) | json_values,
+            "shape": st.lists(dimensions, max_size=4) | json_values,
+            "datatype": st.sampled_from(["FP64", "FP32", "INT32", "COMPLEX128"]) | json_values,
+            "data": json_values,
+            "parameters": json_values,
+        },
+    ),
+    max_size=3,
+)
+v2_bodies = st.fixed_dictionaries(
+    {"inputs": v2_inputs | json_values},
+    optional={
+        "id": json_values,
+        "parameters": st.dictionaries(st.sampled_from(["left", "pivot", "binary_data_output", "zzz"]), json_values)
+        | json_values,
+        "outputs": st.lists(st.fixed_dictionaries({"name": json_values}, optional={"parameters": json_values}))
+        | json_values,
+    },
+)
+
+
+@given(model=st.sampled_from(["lu_factor", "lu_unpack", "lu_solve", "lu", "solve"]), body=v2_bodies)
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+def test_random_v2_json_bodies_never_5xx(app, model, body):
+    _call(app, f"/v2/models/{model}/infer", json=body)
+
+
 @given(
     model=st.sampled_from(["lu_factor", "lu_unpack", "lu_solve", "lu", "solve", "nope"]),
     shape=st.lists(st.integers(0, 4), max_size=4),
+    declared=st.none() | st.lists(dimensions, max_size=4),
     datatype=st.sampled_from(["FP32", "FP64", "COMPLEX64", "COMPLEX128", "INT32", "INT64", "FP16", "BOOL", "BYTES"]),
     names=st.lists(st.sampled_from(["A", "B", "LU", "pivots", "X"]), min_size=1, max_size=3),
     cut=st.integers(-16, 16),
     params=st.dictionaries(st.sampled_from(["left", "adjoint", "pivot", "binary_data_output", "zzz"]), json_values),
 )
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-def test_random_binary_bodies_never_5xx(app, model, shape, datatype, names, cut, params):
+def test_random_binary_bodies_never_5xx(app, model, shape, declared, datatype, names, cut, params):
     rng = np.random.default_rng(len(shape))
     arr = rng.standard_normal(shape)
     body, headers = binary_request({n: arr for n in dict.fromkeys(names)}, params)
@@ -117,6 +163,8 @@ def test_random_binary_bodies_never_5xx(app, model, shape, datatype, names, cut,
     header = json.loads(body[:hlen])
     for entry in header["inputs"]:
         entry["datatype"] = datatype
+        if declared is not None:  # a shape that disagrees with the bytes, or declares huge or empty work
+            entry["shape"] = declared
     new_header = json.dumps(header).encode()
     body = new_header + body[hlen:]
     if cut:
