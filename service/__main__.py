@@ -29,6 +29,7 @@ def main() -> int:
         return 2
     protocol = bounded_protocol(
         read_timeout_s=settings.read_timeout_s,
+        min_upload_rate=settings.min_upload_rate,
         keep_alive_s=settings.keep_alive_s,
         max_header_bytes=settings.max_header_bytes,
         on_refusal=app.state.metrics.protocol_refusal,

@@ -53,7 +53,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = Metrics(device.kind, device.name)
     budget = MemoryBudget(settings.max_inflight_bytes, retry_after_s=settings.retry_after_s)
     metrics.watch_budget(budget)
-    worker = DeviceWorker(device, metrics, max_queue=settings.max_queue, retry_after_s=settings.retry_after_s)
+    worker = DeviceWorker(
+        device,
+        metrics,
+        max_queue=settings.max_queue,
+        retry_after_s=settings.retry_after_s,
+        max_batch=settings.max_batch,
+        batch_delay_us=settings.batch_delay_us,
+        max_batch_elements=settings.max_batch_elements,
+    )
     ready = threading.Event()
 
     @asynccontextmanager

@@ -75,8 +75,14 @@ class Settings(BaseSettings):
     read_timeout_s: float = Field(
         30.0,
         gt=0,
-        description="A request's headers and body must arrive within this many seconds, else 408 and the "
-        "connection is closed.",
+        description="A request's headers, and its body up to LU_MIN_UPLOAD_RATE, must arrive within this many "
+        "seconds, else 408 and the connection is closed.",
+    )
+    min_upload_rate: int = Field(
+        256 * KiB,
+        ge=0,
+        description="Bytes per second a body must keep up once LU_READ_TIMEOUT_S has passed: a request may take "
+        "LU_READ_TIMEOUT_S + its bytes / LU_MIN_UPLOAD_RATE to arrive (0: LU_READ_TIMEOUT_S in all).",
     )
     keep_alive_s: float = Field(
         5.0, gt=0, description="An idle connection (before its first request or between requests) is closed after it."
@@ -86,6 +92,19 @@ class Settings(BaseSettings):
     )
     max_queue: int = Field(
         64, ge=1, description="Requests waiting for the device worker; beyond it, 503 with Retry-After."
+    )
+    max_batch: int = Field(
+        64, ge=1, description="Most queued requests merged into one device call (dynamic batching; 1 turns it off)."
+    )
+    batch_delay_us: int = Field(
+        0,
+        ge=0,
+        le=1_000_000,
+        description="How long the worker may wait for more requests to merge; 0 merges only what is already "
+        "queued and never delays a lone request.",
+    )
+    max_batch_elements: int = Field(
+        1 << 22, gt=0, description="Most input elements in one merged call (bigger requests run alone)."
     )
     retry_after_s: int = Field(1, ge=0, description="Seconds sent in Retry-After with a 503.")
     api_key: SecretStr | None = Field(

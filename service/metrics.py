@@ -34,6 +34,14 @@ class Metrics:
             "lu_compute_seconds", "Time the device worker spent on a job (copies included).", ["operation", "device"],
             buckets=_LATENCY, registry=r,
         )  # fmt: skip
+        self.batch_size = Histogram(
+            "lu_batch_size", "Requests computed by one call on the device (dynamic batching).",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r,
+        )  # fmt: skip
+        self.batch_wait = Histogram(
+            "lu_batch_wait_seconds", "Time the worker spent gathering a batch (LU_BATCH_DELAY_US).",
+            buckets=(0.00001, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05), registry=r,
+        )  # fmt: skip
         self.bytes_in = Counter("lu_request_bytes", "Request body bytes received.", ["endpoint"], registry=r)
         self.bytes_out = Counter("lu_response_bytes", "Response body bytes sent.", ["endpoint"], registry=r)
         self.queue_depth = Gauge("lu_queue_depth", "Jobs waiting for the device worker.", registry=r)

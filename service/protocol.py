@@ -8,9 +8,10 @@ connection (and a task, and buffers) for as long as the client likes. This
 subclass adds:
 
 * ``LU_KEEP_ALIVE_S`` from the moment a connection opens, not only after a response;
-* ``LU_READ_TIMEOUT_S`` from the first byte of a request until its last: when it
-  passes, a 408 in the error model (while no answer has started) and the
-  connection is closed. The app's own body reader (``transport.read_body``)
+* ``LU_READ_TIMEOUT_S`` from the first byte of a request until its last, plus the
+  time its body's bytes so far would take at ``LU_MIN_UPLOAD_RATE`` (a large body on
+  a slow link keeps going, a trickle does not): when it passes, a 408 in the error
+  model (while no answer has started) and the connection is closed. The app's own body reader (``transport.read_body``)
   enforces the same deadline and answers the 408 itself with its request id;
   this timer is the backstop for whatever the app is not reading;
 * ``LU_MAX_HEADER_BYTES`` for the request line and headers: 431, then close;
@@ -54,6 +55,7 @@ def _error_bytes(status: int, code: str, message: str) -> bytes:
 
 class _BoundedProtocol(HttpToolsProtocol):
     read_timeout_s: float = 30.0
+    min_upload_rate: int = 0
     keep_alive_s: float = 5.0
     max_header_bytes: int = 64 * 1024
     on_refusal: Any = None  # callable(status, code): counts protocol-level refusals in the app's metrics
@@ -61,6 +63,8 @@ class _BoundedProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        self._started = 0.0
+        self._body_bytes = 0
         self._header_bytes = 0
         self._in_headers = True  # until the current request's headers are complete
 
@@ -92,13 +96,19 @@ class _BoundedProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._in_headers = True
         self._cancel_deadline()
+        self._started = self.loop.time()
+        self._body_bytes = 0
         self._deadline = self.loop.call_later(self.read_timeout_s + _APP_GRACE_S, self._read_timed_out)
-        self.scope[READ_STARTED] = self.loop.time()  # type: ignore[literal-required]
+        self.scope[READ_STARTED] = self._started  # type: ignore[literal-required]
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._header_bytes = 0
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_bytes += len(body)
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._cancel_deadline()
@@ -119,6 +129,13 @@ class _BoundedProtocol(HttpToolsProtocol):
     def _read_timed_out(self) -> None:
         self._deadline = None
         if self.transport.is_closing():
+            return
+        # The same rule as transport.ReadDeadline: bytes received so far earn time at the minimum rate.
+        allowed = self._started + self.read_timeout_s + _APP_GRACE_S
+        if self.min_upload_rate:
+            allowed += self._body_bytes / self.min_upload_rate
+        if allowed > self.loop.time():
+            self._deadline = self.loop.call_later(allowed - self.loop.time(), self._read_timed_out)
             return
         if self.cycle is None or not self.cycle.response_started:
             self._refuse(
@@ -141,7 +158,12 @@ class _BoundedProtocol(HttpToolsProtocol):
 
 
 def bounded_protocol(
-    *, read_timeout_s: float, keep_alive_s: float, max_header_bytes: int, on_refusal: Any = None
+    *,
+    read_timeout_s: float,
+    keep_alive_s: float,
+    max_header_bytes: int,
+    min_upload_rate: int = 0,
+    on_refusal: Any = None,
 ) -> type[HttpToolsProtocol]:
     """The protocol class to pass as ``uvicorn.Config(http=...)``, with this service's limits."""
     return type(
@@ -149,6 +171,7 @@ def bounded_protocol(
         (_BoundedProtocol,),
         {
             "read_timeout_s": read_timeout_s,
+            "min_upload_rate": min_upload_rate,
             "keep_alive_s": keep_alive_s,
             "max_header_bytes": max_header_bytes,
             "on_refusal": staticmethod(on_refusal) if on_refusal is not None else None,

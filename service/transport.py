@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Literal, TypeVar
 
 import anyio
@@ -43,7 +43,7 @@ def request_format(request: Request) -> tuple[Literal["json", "binary"], str | N
 
 
 async def read_body(request: Request) -> memoryview | bytes:
-    """The whole body, copied once into a buffer of the declared length, within ``LU_READ_TIMEOUT_S``.
+    """The whole body, copied once into a buffer of the declared length, within the read deadline.
 
     Joining the received chunks afterwards (what ``Request.body`` does) costs a
     second pass over fresh memory: at 128 MiB, ~2x the time of this single copy.
@@ -51,33 +51,20 @@ async def read_body(request: Request) -> memoryview | bytes:
     become resident only as bytes arrive: a client that declares 256 MiB and
     sends one byte costs one page, not 256 MiB (``RequestMiddleware`` has
     already bounded the length and reserved its memory against the budget).
-    A body that has not arrived when the deadline passes is a 408, and the
-    connection is closed.
+
+    The deadline (:class:`ReadDeadline`) starts at the request's first byte; a body
+    that falls behind it is a 408, and the connection is closed.
     """
     settings = request.app.state.settings
-    started = request.scope.get(READ_STARTED)
-    loop_now = anyio.current_time()
-    remaining = settings.read_timeout_s - (loop_now - started if started is not None else 0.0)
-    try:
-        with anyio.fail_after(max(remaining, 0.0)):
-            return await _read(request)
-    except TimeoutError:
-        raise ServiceError(
-            408,
-            "request_timeout",
-            f"the request body did not arrive within LU_READ_TIMEOUT_S = {settings.read_timeout_s} s",
-            headers={"Connection": "close"},
-        ) from None
-
-
-async def _read(request: Request) -> memoryview | bytes:
+    started = request.scope.get(READ_STARTED, anyio.current_time())
+    deadline = ReadDeadline(started, settings.read_timeout_s, settings.min_upload_rate)
     declared = request.headers.get("content-length")
     if declared is None or not declared.isdigit():
-        return await request.body()  # chunked: the middleware counts and reserves as it streams
+        return b"".join([chunk async for chunk in _within(request, deadline)])  # chunked: counted as it streams
     size = int(declared)
     view = memoryview(np.empty(size, np.uint8))
     got = 0
-    async for chunk in request.stream():
+    async for chunk in _within(request, deadline):
         end = got + len(chunk)
         if end > size:
             raise bad_request("malformed_body", f"the body is longer than its Content-Length {size}")
@@ -86,6 +73,45 @@ async def _read(request: Request) -> memoryview | bytes:
     if got != size:
         raise bad_request("truncated_body", f"the body ended after {got} of {size} bytes")
     return view
+
+
+class ReadDeadline:
+    """When a request must have arrived: ``LU_READ_TIMEOUT_S`` after its first byte, plus its bytes so far
+    at ``LU_MIN_UPLOAD_RATE``, so a large body on a slow link may take longer, a trickle may not.
+
+    The protocol layer (``service.protocol``) applies the same rule as a backstop.
+    """
+
+    def __init__(self, started: float, timeout_s: float, min_rate: int) -> None:
+        self.started, self.timeout_s, self.min_rate = started, timeout_s, min_rate
+
+    def at(self, received: int) -> float:
+        allowance = received / self.min_rate if self.min_rate else 0.0
+        return self.started + self.timeout_s + allowance
+
+    def timeout_error(self) -> ServiceError:
+        rate = f" plus 1 s per {self.min_rate} bytes (LU_MIN_UPLOAD_RATE)" if self.min_rate else ""
+        return ServiceError(
+            408,
+            "request_timeout",
+            f"the request body did not arrive within LU_READ_TIMEOUT_S = {self.timeout_s} s{rate}",
+            headers={"Connection": "close"},
+        )
+
+
+async def _within(request: Request, deadline: ReadDeadline) -> AsyncIterator[bytes]:
+    received = 0
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            with anyio.fail_after(max(deadline.at(received) - anyio.current_time(), 0.0)):
+                chunk = await chunks.__anext__()
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise deadline.timeout_error() from None
+        received += len(chunk)
+        yield chunk
 
 
 async def offload(nbytes: int, fn: Callable[..., T], *args: object) -> T:

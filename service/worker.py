@@ -15,12 +15,14 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from service.batcher import gather, run_merged
 from service.budget import Reservation
 from service.device import Compute, Device
 from service.errors import unavailable
@@ -48,12 +50,31 @@ class _Job:
 _STOP = object()
 
 
+def _is_live_job(item: Any) -> bool:
+    return isinstance(item, _Job) and not item.future.cancelled()
+
+
 class DeviceWorker:
-    def __init__(self, device: Device, metrics: Metrics, *, max_queue: int, retry_after_s: int) -> None:
+    def __init__(
+        self,
+        device: Device,
+        metrics: Metrics,
+        *,
+        max_queue: int,
+        retry_after_s: int,
+        max_batch: int = 1,
+        batch_delay_us: int = 0,
+        max_batch_elements: int = 1 << 22,
+    ) -> None:
         self.device = device
         self._metrics = metrics
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        # Items taken out of the queue while gathering a batch that did not join it; run next, in order.
+        self._pending: deque[Any] = deque()
         self._retry_after_s = retry_after_s
+        self._max_batch = max_batch
+        self._batch_delay_s = batch_delay_us / 1e6
+        self._max_batch_elements = max_batch_elements
         self._thread: threading.Thread | None = None
         self._accepting = False
         self._started = threading.Event()
@@ -98,7 +119,7 @@ class DeviceWorker:
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize()
+        return self._queue.qsize() + len(self._pending)
 
     # ------------------------------------------------------------------ submitting
 
@@ -127,7 +148,7 @@ class DeviceWorker:
                 f"{self._queue.maxsize} requests are already waiting for the {self.device.kind}; retry later",
                 self._retry_after_s,
             ) from None
-        self._metrics.queue_depth.set(self._queue.qsize())
+        self._metrics.queue_depth.set(self.depth)
         return await job.future
 
     # ------------------------------------------------------------------ the thread
@@ -138,27 +159,62 @@ class DeviceWorker:
         finally:
             self._started.set()
         while True:
-            item = self._queue.get()
-            self._metrics.queue_depth.set(self._queue.qsize())
+            item = self._pending.popleft() if self._pending else self._queue.get()
             if item is _STOP:
                 return
             if callable(item):
                 item()
                 continue
-            self._run(item)
+            waited = time.perf_counter()
+            batch = gather(
+                item,
+                self._take,
+                self._pending,
+                max_batch=self._max_batch,
+                max_elements=self._max_batch_elements,
+                delay_s=self._batch_delay_s,
+                is_job=_is_live_job,
+            )
+            self._metrics.batch_wait.observe(time.perf_counter() - waited)
+            self._metrics.queue_depth.set(self.depth)
+            try:
+                if len(batch) == 1:
+                    self._compute(batch[0])
+                else:
+                    self._compute_merged(batch)
+            finally:
+                for job in batch:
+                    if job.reservation is not None:
+                        job.reservation.release()
 
-    def _run(self, job: _Job) -> None:
+    def _take(self, timeout: float | None) -> Any:
+        return self._queue.get(timeout=timeout) if timeout is not None else self._queue.get_nowait()
+
+    def _compute_merged(self, jobs: list[_Job]) -> None:
+        """One call for compatible jobs (see service.batcher); each alone if the call fails."""
+        start = time.perf_counter()
+        for job in jobs:
+            self._metrics.queue_wait.observe(start - job.queued_at)
         try:
-            self._compute(job)
-        finally:
-            if job.reservation is not None:
-                job.reservation.release()
+            answers = run_merged(self.device.run, jobs)
+        except Exception:
+            # A singular system (check_errors) or memory: run each alone, so that every failure
+            # is answered to its own request, with its own batch indices.
+            for job in jobs:
+                self._compute(job, waited=True)
+            return
+        self._metrics.batch_size.observe(len(jobs))
+        self._metrics.compute_seconds.labels(jobs[0].name, self.device.kind).observe(time.perf_counter() - start)
+        for job, answer in zip(jobs, answers, strict=True):
+            job.loop.call_soon_threadsafe(_settle, job.future, True, answer)
 
-    def _compute(self, job: _Job) -> None:
+    def _compute(self, job: _Job, *, waited: bool = False) -> None:
         if job.future.cancelled():  # the client left while the job waited
             return
         start = time.perf_counter()
-        self._metrics.queue_wait.observe(start - job.queued_at)
+        if not waited:
+            self._metrics.queue_wait.observe(start - job.queued_at)
+        self._metrics.batch_size.observe(1)
         try:
             result: Any = self.device.run(job.compute, job.tensors, job.options)
             ok = True

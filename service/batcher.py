@@ -1,0 +1,167 @@
+"""Dynamic batching: queued jobs of one operation, dtype, matrix shape and options become one call.
+
+Every job the device runs pays a fixed cost whatever its size (on the CPU a
+kernel launch and thread wake-up, on a GPU a launch, a synchronisation and two
+copies), so many clients sending one small system each should cost the device
+one batched call. The worker hands each job it takes to :func:`gather`, which
+takes the jobs already queued (or arriving within ``LU_BATCH_DELAY_US``) that
+:func:`merge_key` says are compatible; :func:`run_merged` stacks their tensors
+along one batch axis, computes once and splits the answers back.
+
+Two jobs are compatible when they ask for the same operation with the same
+options, and their tensors have the same names, dtypes and per-matrix shapes;
+batch shapes may differ (each job's batch is flattened, stacked, and restored
+on the way out). A job whose tensors broadcast against each other (an LU batch
+and a B batch of different shapes) runs alone.
+
+Answers are bit-identical to the job served alone: ``lu_core`` computes every
+matrix of a batch independently, by an algorithm chosen from the matrix's shape
+and dtype, never from the batch size (``tests/service/test_batching.py`` checks
+it for every operation and dtype, and ``tests/lu_core`` for the kernels). When
+the merged call fails (a singular system with ``check_errors``, out of memory),
+each job is run alone, so every failure stays with its own request and indices.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = ["BatchJob", "gather", "merge_key", "run_merged"]
+
+# Core (per-matrix) rank of each input: the dimensions after the batch dimensions.
+_CORE_RANK = {"A": 2, "LU": 2, "pivots": 1}
+_PRIMARY = ("A", "LU")
+
+
+class BatchJob(Protocol):
+    name: str
+    compute: Callable[[Mapping[str, Any], Mapping[str, bool]], dict[str, Any]]
+    tensors: Mapping[str, np.ndarray]
+    options: Mapping[str, bool]
+
+
+def _batch_shape(op: str, tensors: Mapping[str, np.ndarray]) -> tuple[int, ...] | None:
+    """The job's batch shape, if every tensor has exactly it as leading dimensions (no broadcasting)."""
+    primary = next((tensors[n] for n in _PRIMARY if n in tensors), None)
+    if primary is None or primary.ndim < 2:
+        return None
+    batch = primary.shape[:-2]
+    for name, t in tensors.items():
+        core = _CORE_RANK.get(name)
+        if core is None:
+            # A right-hand side: a matrix per system; for solve also a vector per system, which
+            # stays a vector once stacked (torch's rule: B.shape == A.shape[:-1]).
+            if not (t.ndim - len(batch) == 2 or (op == "solve" and t.ndim - len(batch) == 1)):
+                return None
+        elif t.ndim - len(batch) != core:
+            return None
+        if t.shape[: len(batch)] != batch:
+            return None
+    return batch
+
+
+def merge_key(job: BatchJob) -> Hashable | None:
+    """Jobs with equal keys can share one call; ``None`` for a job that must run alone."""
+    batch = _batch_shape(job.name, job.tensors)
+    if batch is None:
+        return None
+    n = len(batch)
+    tensors = tuple(sorted((name, t.dtype.str, t.shape[n:]) for name, t in job.tensors.items()))
+    return job.name, job.compute, tuple(sorted(job.options.items())), tensors
+
+
+def _count(job: BatchJob) -> int:
+    batch = _batch_shape(job.name, job.tensors)
+    assert batch is not None
+    return math.prod(batch)
+
+
+def _elements(job: BatchJob) -> int:
+    return sum(t.size for t in job.tensors.values())
+
+
+def gather(
+    first: Any,
+    take: Callable[[float | None], Any],
+    pending: deque[Any],
+    *,
+    max_batch: int,
+    max_elements: int,
+    delay_s: float,
+    is_job: Callable[[Any], bool],
+) -> list[Any]:
+    """``first`` and the compatible jobs after it, in arrival order.
+
+    ``pending`` holds items taken out of the queue earlier and not yet run (they keep their
+    order and are looked at first); ``take(timeout)`` takes the next queued item, waiting at
+    most ``timeout`` seconds (``None``: do not wait), or raises ``queue.Empty``. Items that
+    do not join the batch are appended to ``pending``, to be run next, in order.
+    """
+    key = merge_key(first) if max_batch > 1 else None
+    if key is None:
+        return [first]
+    batch, elements = [first], _elements(first)
+
+    def joins(item: Any) -> bool:
+        nonlocal elements
+        if len(batch) >= max_batch or not is_job(item) or merge_key(item) != key:
+            return False
+        size = _elements(item)
+        if elements + size > max_elements:
+            return False
+        batch.append(item)
+        elements += size
+        return True
+
+    kept = [item for item in pending if not joins(item)]
+    pending.clear()
+    pending.extend(kept)
+    deadline = time.perf_counter() + delay_s
+    while len(batch) < max_batch:
+        remaining = deadline - time.perf_counter()
+        try:
+            item = take(remaining if remaining > 0 else None)
+        except queue.Empty:
+            break
+        if not joins(item):
+            pending.append(item)
+            if not is_job(item):  # a stop or a call: do not reach past it
+                break
+    return batch
+
+
+def run_merged(
+    run: Callable[[Callable[..., dict[str, Any]], Mapping[str, Any], Mapping[str, bool]], dict[str, Any]],
+    jobs: Sequence[BatchJob],
+) -> list[dict[str, Any]]:
+    """Compute ``jobs`` (compatible, at least one) in one call; each job's answer, shaped as if alone."""
+    first = jobs[0]
+    batch0 = _batch_shape(first.name, first.tensors)
+    assert batch0 is not None
+    n = len(batch0)
+    counts = [_count(j) for j in jobs]
+    pairs = list(zip(jobs, counts, strict=True))
+    stacked = {
+        name: np.concatenate([np.reshape(j.tensors[name], (c, *t.shape[n:])) for j, c in pairs])
+        for name, t in first.tensors.items()
+    }
+    outputs = run(first.compute, stacked, first.options)
+    answers: list[dict[str, Any]] = []
+    start = 0
+    for job, count in zip(jobs, counts, strict=True):
+        batch = job.tensors[next(p for p in _PRIMARY if p in job.tensors)].shape[:-2]
+        answers.append(
+            {
+                k: None if v is None else v[start : start + count].reshape((*batch, *v.shape[1:]))
+                for k, v in outputs.items()
+            }
+        )
+        start += count
+    return answers

@@ -1,0 +1,225 @@
+"""Dynamic batching: queued compatible jobs run as one call, and every answer is bit-identical to the
+job served alone; failures stay with their own request; incompatible jobs keep their order."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+import lu_core
+from service.device import CpuDevice
+from service.metrics import Metrics
+from service.operations import OPERATIONS
+from service.worker import DeviceWorker
+from tests.service.wire import binary_request
+
+pytestmark = pytest.mark.anyio
+
+DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
+BATCHES = [(), (3,), (2, 2), (1,), (0,)]
+
+
+def rand(rng, shape, dtype) -> np.ndarray:
+    x = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
+def inputs_for(op: str, batch: tuple[int, ...], n: int, dtype, rng) -> dict[str, np.ndarray]:
+    A = rand(rng, (*batch, n, n), dtype) + n * np.eye(n, dtype=dtype)
+    LU, piv = lu_core.lu_factor(A)
+    return {
+        "lu_factor": {"A": A},
+        "lu": {"A": A},
+        "lu_unpack": {"LU": np.ascontiguousarray(LU), "pivots": piv},
+        "lu_solve": {"LU": np.ascontiguousarray(LU), "pivots": piv, "B": rand(rng, (*batch, n, 3), dtype)},
+        "solve": {"A": A, "B": rand(rng, (*batch, n), dtype)},  # a vector per system
+    }[op]
+
+
+def hold(worker: DeviceWorker) -> tuple[threading.Event, threading.Thread]:
+    """Occupy the worker thread until the returned gate is set."""
+    gate, held = threading.Event(), threading.Event()
+
+    def wait() -> None:
+        held.set()
+        gate.wait(60)
+
+    holder = threading.Thread(target=worker.call, args=(wait,))
+    holder.start()
+    held.wait(60)
+    return gate, holder
+
+
+async def run_gated(worker: DeviceWorker, jobs: list[tuple[str, dict, dict]]) -> list[object]:
+    """Queue ``jobs`` while the worker is held, then let it go: they are there to be merged."""
+    gate, holder = hold(worker)
+    futures = [
+        asyncio.ensure_future(worker.submit(name, OPERATIONS[name].compute, tensors, options))
+        for name, tensors, options in jobs
+    ]
+    await asyncio.sleep(0.05)
+    gate.set()
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    holder.join()
+    return results
+
+
+def batch_calls(metrics: Metrics) -> dict[str, float]:
+    """lu_batch_size histogram: (calls, requests)."""
+    text = metrics.render().decode()
+    values = {}
+    for line in text.splitlines():
+        if line.startswith(("lu_batch_size_count", "lu_batch_size_sum")):
+            key, value = line.split()
+            values[key] = float(value)
+    return values
+
+
+@pytest.fixture
+def worker():
+    metrics = Metrics("cpu", "test")
+    w = DeviceWorker(CpuDevice(), metrics, max_queue=256, retry_after_s=1, max_batch=64)
+    w.metrics = metrics  # type: ignore[attr-defined]
+    w.start()
+    yield w
+    w.stop(10)
+
+
+def assert_bit_identical(got: dict, want: dict) -> None:
+    assert got.keys() == want.keys()
+    for k in want:
+        if want[k] is None:
+            assert got[k] is None
+            continue
+        g, w = np.asarray(got[k]), np.asarray(want[k])
+        assert g.shape == w.shape and g.dtype == w.dtype, k
+        assert np.ascontiguousarray(g).tobytes() == np.ascontiguousarray(w).tobytes(), k
+
+
+@pytest.mark.parametrize("op", sorted(OPERATIONS))
+@pytest.mark.parametrize("dtype", DTYPES)
+async def test_merged_answers_are_bit_identical_to_alone(worker, op, dtype):
+    rng = np.random.default_rng(7)
+    options = dict(OPERATIONS[op].options)
+    for n in (3, 8, 33, 64):
+        jobs = [(op, inputs_for(op, batch, n, dtype, rng), options) for batch in BATCHES]
+        before = batch_calls(worker.metrics)
+        results = await run_gated(worker, jobs)
+        after = batch_calls(worker.metrics)
+        # One call for all of them (plus none other): requests / calls == len(jobs).
+        assert after["lu_batch_size_count"] - before.get("lu_batch_size_count", 0) == 1, (op, n)
+        assert after["lu_batch_size_sum"] - before.get("lu_batch_size_sum", 0) == len(jobs)
+        for (name, tensors, opts), got in zip(jobs, results, strict=True):
+            alone = OPERATIONS[name].compute(tensors, opts)
+            assert_bit_identical(got, alone)
+
+
+async def test_a_singular_request_fails_alone_with_its_own_indices(worker):
+    rng = np.random.default_rng(1)
+    good = [inputs_for("solve", (2,), 4, np.float64, rng) for _ in range(3)]
+    bad = inputs_for("solve", (3,), 4, np.float64, rng)
+    bad["A"][2] = 0.0  # its third matrix is singular
+    options = dict(OPERATIONS["solve"].options)
+    jobs = [
+        ("solve", good[0], options),
+        ("solve", bad, options),
+        ("solve", good[1], options),
+        ("solve", good[2], options),
+    ]
+    results = await run_gated(worker, jobs)
+    assert isinstance(results[1], lu_core.SingularMatrixError)
+    assert results[1].indices == [(2,)]
+    for i in (0, 2, 3):
+        assert_bit_identical(results[i], OPERATIONS["solve"].compute(jobs[i][1], options))
+
+
+async def test_incompatible_jobs_run_in_order_and_all_answer(worker):
+    rng = np.random.default_rng(2)
+    jobs = []
+    for i in range(12):
+        op = ["lu_factor", "solve", "lu"][i % 3]
+        n = [4, 4, 5, 6][i % 4]
+        dtype = DTYPES[i % 4]
+        jobs.append((op, inputs_for(op, (2,), n, dtype, rng), dict(OPERATIONS[op].options)))
+    # Options differ: never merged together.
+    jobs.append(("lu_factor", inputs_for("lu_factor", (), 4, np.float64, rng), {"pivot": False}))
+    results = await run_gated(worker, jobs)
+    for (name, tensors, opts), got in zip(jobs, results, strict=True):
+        assert_bit_identical(got, OPERATIONS[name].compute(tensors, opts))
+
+
+async def test_broadcasting_requests_run_alone(worker):
+    rng = np.random.default_rng(3)
+    LU, piv = lu_core.lu_factor(rand(rng, (4, 4), np.float64) + 4 * np.eye(4))
+    jobs = [
+        (
+            "lu_solve",
+            {"LU": LU, "pivots": piv, "B": rand(rng, (k, 4, 2), np.float64)},
+            dict(OPERATIONS["lu_solve"].options),
+        )
+        for k in (1, 2, 3)
+    ]
+    before = batch_calls(worker.metrics)
+    results = await run_gated(worker, jobs)
+    after = batch_calls(worker.metrics)
+    assert after["lu_batch_size_count"] - before.get("lu_batch_size_count", 0) == 3  # each alone
+    for (name, tensors, opts), got in zip(jobs, results, strict=True):
+        assert_bit_identical(got, OPERATIONS[name].compute(tensors, opts))
+
+
+async def test_max_batch_and_element_bound(worker):
+    rng = np.random.default_rng(4)
+    worker._max_batch = 4
+    jobs = [("lu_factor", inputs_for("lu_factor", (), 4, np.float64, rng), {"pivot": True}) for _ in range(10)]
+    before = batch_calls(worker.metrics)
+    await run_gated(worker, jobs)
+    after = batch_calls(worker.metrics)
+    assert after["lu_batch_size_count"] - before.get("lu_batch_size_count", 0) == 3  # 4 + 4 + 2
+    worker._max_batch, worker._max_batch_elements = 64, 16 * 2
+    before = after
+    await run_gated(worker, jobs[:6])
+    after = batch_calls(worker.metrics)
+    assert after["lu_batch_size_count"] - before["lu_batch_size_count"] == 3  # two 4x4 matrices per call
+
+
+async def test_cancelled_request_does_not_disturb_the_others(worker):
+    rng = np.random.default_rng(5)
+    options = dict(OPERATIONS["solve"].options)
+    jobs = [("solve", inputs_for("solve", (2,), 4, np.float64, rng), options) for _ in range(4)]
+    gate, holder = hold(worker)
+    futures = [asyncio.ensure_future(worker.submit(n, OPERATIONS[n].compute, t, o)) for n, t, o in jobs]
+    await asyncio.sleep(0.05)
+    futures[1].cancel()
+    gate.set()
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    holder.join()
+    assert isinstance(results[1], asyncio.CancelledError)
+    for i in (0, 2, 3):
+        assert_bit_identical(results[i], OPERATIONS["solve"].compute(jobs[i][1], options))
+
+
+async def test_batching_through_http_answers_each_request(make_client):
+    client = await make_client(max_batch=32)
+    gate, holder = hold(client.app.state.worker)
+    rng = np.random.default_rng(6)
+    systems = [(rand(rng, (8, 8), np.float64) + 8 * np.eye(8), rand(rng, (8,), np.float64)) for _ in range(16)]
+    bodies = [binary_request({"A": A, "B": B}) for A, B in systems]
+    posts = [asyncio.ensure_future(client.post("/solve", content=b, headers=h)) for b, h in bodies]
+    await asyncio.sleep(0.2)
+    gate.set()
+    responses = await asyncio.gather(*posts)
+    holder.join()
+    from tests.service.wire import parse_binary
+
+    for (A, B), r in zip(systems, responses, strict=True):
+        assert r.status_code == 200
+        _, out = parse_binary(r.content, int(r.headers["inference-header-content-length"]))
+        assert out["X"].tobytes() == lu_core.solve(A, B).tobytes()
+    metrics = (await client.get("/metrics")).text
+    count = next(float(x.split()[1]) for x in metrics.splitlines() if x.startswith("lu_batch_size_count"))
+    assert count < 16  # merged into fewer calls than requests
