@@ -1,6 +1,7 @@
 """``python -m bench``: every benchmark suite behind one command.
 
-    python -m bench                          # core-cpu, core-gpu (where a GPU is visible), service, hostile
+    python -m bench                          # core-cpu, core-gpu (where a GPU is visible), service, batching
+    python -m bench --suite hostile          # memory and slow clients against default settings
     python -m bench --suite core-cpu service # some of them
     python -m bench --quick                  # small grids and short timings: a smoke test
 
@@ -15,9 +16,15 @@ import pathlib
 import sys
 import time
 
-from bench import core_cpu, core_gpu, hostile, service
+from bench import batching, core_cpu, core_gpu, hostile, service
 
-SUITES = {"core-cpu": core_cpu.run, "core-gpu": core_gpu.run, "service": service.run, "hostile": hostile.run}
+SUITES = {
+    "core-cpu": core_cpu.run,
+    "core-gpu": core_gpu.run,
+    "service": service.run,
+    "batching": batching.run,
+    "hostile": hostile.run,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +32,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
-        "--suite", nargs="+", choices=list(SUITES), default=list(SUITES), help="suites to run (default: all)"
+        "--suite",
+        nargs="+",
+        choices=list(SUITES),
+        default=["core-cpu", "core-gpu", "service", "batching"],
+        help="suites to run (default: all but hostile, which sends 25 GB of uploads)",
     )
     ap.add_argument("--quick", action="store_true", help="small grids and short timings (a smoke test)")
     ap.add_argument("--out", default="bench/results", help="folder for reports and plots ('' for none)")

@@ -67,10 +67,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(defaults: bool = False) -> tuple[subprocess.Popen, str]:
+def start_server(defaults: bool = False, **settings: str) -> tuple[subprocess.Popen, str]:
     """The service as its own process; ``defaults``: no limit raised (else room for the biggest cases)."""
     port = free_port()
-    env = {**os.environ, "LU_PORT": str(port), "LU_DEVICE": os.environ.get("LU_DEVICE", "auto")}
+    env = {**os.environ, "LU_PORT": str(port), "LU_DEVICE": os.environ.get("LU_DEVICE", "auto"), **settings}
     env |= {"LU_LOG_LEVEL": "warning"}
     if not defaults:
         env |= {"LU_MAX_REQUEST_BYTES": str(2 << 30), "LU_MAX_ELEMENTS": str(1 << 28)}
@@ -239,11 +239,11 @@ def transport(url: str, sizes: list[int], copier: CopyServer, progress: Callable
         client.sock.close()
 
 
-async def _concurrency(url: str, clients: int, seconds: float) -> dict:
-    """``clients`` keep-alive connections, each sending its next request when the last is answered."""
+async def _concurrency(url: str, clients: int, seconds: float, n: int = 8) -> dict:
+    """``clients`` keep-alive connections, each sending its next n x n /solve when the last is answered."""
     rng = np.random.default_rng(1)
-    A = rng.standard_normal((8, 8)) + 8 * np.eye(8)
-    B = rng.standard_normal((8, 1))
+    A = rng.standard_normal((n, n)) + n * np.eye(n)
+    B = rng.standard_normal((n, 1))
     body, headers = binary_body({"A": A, "B": B})
     head = f"POST /solve HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n"
     request = (head + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + body

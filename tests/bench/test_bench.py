@@ -25,3 +25,12 @@ def test_quick_cpu_and_service_suites_write_reports_and_plots(tmp_path, capsys):
     assert "[core-cpu" in err and "1/" in err  # progress
     if core_gpu.available() is not None:
         assert "[core-gpu" in err and "skipped" in err
+
+
+@pytest.mark.slow
+def test_quick_batching_and_hostile_suites_write_reports(tmp_path):
+    assert bench_main.main(["--suite", "batching", "hostile", "--quick", "--out", str(tmp_path)]) == 0
+    batching = next(tmp_path.glob("*-batching-cpu-quick.md")).read_text()
+    assert "| 8 | 8 | on |" in batching and "| 8 | 8 | off |" in batching
+    hostile = next(tmp_path.glob("*-hostile-cpu-quick.md")).read_text()
+    assert "peak RSS MiB" in hostile and "| 20 | 50 |" in hostile
