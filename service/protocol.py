@@ -66,7 +66,9 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._started = 0.0
         self._body_bytes = 0
         self._header_bytes = 0
-        self._in_headers = True  # until the current request's headers are complete
+        # True from the end of a request's body (or the connection's start) until the next request's
+        # headers are complete: the bytes that arrive then are headers, bounded by max_header_bytes.
+        self._in_headers = True
 
     # ------------------------------------------------------------------ connection
 
@@ -112,12 +114,9 @@ class _BoundedProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._cancel_deadline()
-        super().on_message_complete()
-
-    def on_response_complete(self) -> None:
         self._in_headers = True
         self._header_bytes = 0
-        super().on_response_complete()
+        super().on_message_complete()
 
     # ------------------------------------------------------------------ refusals
 

@@ -29,6 +29,7 @@ def server() -> Iterator[Server]:
         LU_READ_TIMEOUT_S=str(READ_TIMEOUT_S),
         LU_KEEP_ALIVE_S=str(KEEP_ALIVE_S),
         LU_MAX_HEADER_BYTES="8192",
+        LU_MAX_REQUEST_BYTES=str(1 << 20),
         LU_MAX_INFLIGHT_BYTES=str(BUDGET),
         LU_LOG_JSON="true",
     )
@@ -146,6 +147,27 @@ def test_oversized_headers_get_431(server):
     sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n")
     status, _, body = parse_response(read_until_closed(sock))
     assert (status, body["code"]) == (431, "headers_too_large")
+    sock.close()
+
+
+def test_a_body_refused_early_is_discarded_and_the_connection_goes_on(server):
+    """413 before the body is read; the body that still arrives is not taken for headers (no 431)."""
+    sock = connect(server)
+    body = b"x" * (2 << 20)
+    sock.sendall(
+        b"POST /solve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    )
+    sock.sendall(body)
+    small = b'{"A": [[2.0]], "B": [4.0]}'
+    sock.sendall(
+        b"POST /solve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        b"Content-Length: " + str(len(small)).encode() + b"\r\n\r\n" + small
+    )
+    raw = read_until_closed(sock)
+    first, _, rest = raw.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 413"), raw[:200]
+    assert b"HTTP/1.1 200" in rest and b"431" not in rest, rest[:400]
     sock.close()
 
 
