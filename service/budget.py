@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 from types import TracebackType
 
-from service.errors import unavailable
+from service.errors import too_large, unavailable
 
 __all__ = ["MemoryBudget", "Reservation"]
 
@@ -79,16 +79,16 @@ class MemoryBudget:
         return Reservation(self, nbytes) if self._take(nbytes) else None
 
     def reserve(self, nbytes: int, what: str = "this request") -> Reservation:
-        """A reservation of ``nbytes``; 503 ``overloaded`` (a ``ServiceError``) when it would pass the limit."""
+        """A reservation of ``nbytes``; 503 ``overloaded`` (a ``ServiceError``) when it would pass the limit now,
+        413 ``request_too_large`` when it never could (retrying would not help)."""
+        if nbytes > self.limit:
+            raise too_large(
+                "request_too_large",
+                f"{what} needs {nbytes} bytes of memory, more than LU_MAX_INFLIGHT_BYTES = {self.limit} "
+                "allows for all requests together; send a smaller one",
+            )
         reservation = self.try_reserve(nbytes)
         if reservation is None:
-            if nbytes > self.limit:
-                raise unavailable(
-                    "overloaded",
-                    f"{what} needs {nbytes} bytes of memory, more than LU_MAX_INFLIGHT_BYTES = {self.limit} "
-                    "allows for all requests together; send a smaller one",
-                    self.retry_after_s,
-                )
             raise self._refusal(nbytes, what)
         return reservation
 
@@ -103,9 +103,11 @@ class Reservation:
         self._holders = 1
 
     def grow(self, extra: int, what: str = "this request") -> None:
-        """Reserve ``extra`` more bytes (503 ``overloaded`` when they do not fit)."""
+        """Reserve ``extra`` more bytes (503 ``overloaded`` when they do not fit now, 413 when they never could)."""
         if extra == 0:
             return
+        if self.nbytes + extra > self._budget.limit:
+            self._budget.reserve(self.nbytes + extra, what)  # raises the 413 that says so
         if not self._budget._take(extra):
             raise self._budget._refusal(extra, what)
         with self._lock:

@@ -96,6 +96,9 @@ class _BoundedProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        # A request has begun: the connection is not idle (its bytes may have come in the same read
+        # that ended the previous request's body, after which on_message_complete armed the timer).
+        self._unset_keepalive_if_required()
         self._in_headers = True
         self._cancel_deadline()
         self._started = self.loop.time()
@@ -117,6 +120,17 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._in_headers = True
         self._header_bytes = 0
         super().on_message_complete()
+        if self.cycle is not None and self.cycle.response_complete and not self.pipeline:
+            # Answered early (413, 503) while the body still arrived: the connection is idle only now.
+            self._unset_keepalive_if_required()
+            self.timeout_keep_alive_task = self.loop.call_later(self.keep_alive_s, self.timeout_keep_alive_handler)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self._in_headers:
+            # The request's body is still arriving (an early answer): it is not idle, and the read
+            # deadline, not the keep-alive timer, bounds what remains.
+            self._unset_keepalive_if_required()
 
     # ------------------------------------------------------------------ refusals
 
