@@ -33,20 +33,6 @@ from lu_core._gpu._libs import cublas, cusolver
 _SHARED_BYTES = 48 * 1024  # dynamic shared memory a block may use without opting in
 
 
-def uses_getrf_batched(batch: int, n: int, dtype: np.dtype) -> bool:
-    """PyTorch's ``get_lu_factor_solver_backend`` for a square batch: cuBLAS or cuSOLVER."""
-    if batch <= 1:
-        return False
-    kind = np.dtype(dtype).char
-    if batch == 2:
-        threshold = _tuning.GETRF_BATCH2[kind] * batch
-    elif kind in _tuning.GETRF_LINEAR:
-        threshold = _tuning.GETRF_LINEAR[kind] * batch
-    else:
-        threshold = _tuning.GETRF_SUPERLINEAR[kind] * batch * math.isqrt(batch)
-    return n * n <= threshold
-
-
 def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp.ndarray]:
     batch, (m, n) = a.shape[:-2], a.shape[-2:]
     nb, k = math.prod(batch), min(m, n)
@@ -61,7 +47,7 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
         else:
             _libs.check_int32("A", m, n)
             kept = s.copy() if not pivot else None  # for nopivot_refactor
-            if m == n and uses_getrf_batched(nb, n, dt):
+            if m == n and _tuning.getrf_batched_wins(nb, n, dt):
                 _getrf_batched(s, piv, info, pivot)
             else:
                 _getrf_cusolver(s, piv, info, m, n, pivot)

@@ -24,6 +24,7 @@ import cupy as cp
 import numpy as np
 
 from lu_core._gpu import _libs, _sources, _tuning
+from lu_core._gpu._broadcast import block_offsets, element_strides
 from lu_core._gpu._libs import cublas, cusolver
 from lu_core._gpu._pivots import permutations
 
@@ -31,28 +32,15 @@ _N, _T, _C = 0, 1, 2  # op(A): A, A^T, A^H (our kernels' codes)
 _CUBLAS_OP = {_N: "CUBLAS_OP_N", _T: "CUBLAS_OP_T", _C: "CUBLAS_OP_C"}
 
 
-def _element_strides(x: cp.ndarray) -> tuple[int, ...] | None:
-    item = x.dtype.itemsize
-    if any(st % item for st in x.strides):
-        return None
-    return tuple(st // item for st in x.strides)
-
-
 def _offsets(rhs: cp.ndarray, out_batch: tuple[int, ...]) -> tuple[cp.ndarray, cp.ndarray, int, int]:
-    """``rhs`` (or a contiguous copy of it, where its strides are not whole elements) and, for
-    every problem of ``out_batch``, the element offset of its block: the broadcast is an index."""
-    strides = _element_strides(rhs)
+    """``rhs`` (or a contiguous copy, where its strides are not whole elements), each problem's
+    block offset on the device, and the element strides of its right-hand-side and row axes."""
+    strides = element_strides(rhs.strides, rhs.dtype.itemsize)
     if strides is None:
         rhs = cp.ascontiguousarray(rhs)
-        strides = _element_strides(rhs)
-    batch = rhs.shape[:-2]
-    off = np.zeros(batch, dtype=np.int64)
-    for d, (size, st) in enumerate(zip(batch, strides[:-2], strict=True)):
-        shape = [1] * len(batch)
-        shape[d] = size
-        off = off + (np.arange(size, dtype=np.int64) * st).reshape(shape)
-    flat = np.ascontiguousarray(np.broadcast_to(off, out_batch)).reshape(-1)
-    return rhs, cp.asarray(flat), strides[-2], strides[-1]
+        strides = element_strides(rhs.strides, rhs.dtype.itemsize)
+    offsets = block_offsets(tuple(rhs.shape[:-2]), strides[:-2], out_batch)
+    return rhs, cp.asarray(offsets), strides[-2], strides[-1]
 
 
 def lu_solve(

@@ -11,6 +11,10 @@ prints the values to put here.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
+
 #: Our own warp-per-matrix kernels (``small_lu.cu``) for matrices up to this
 #: size (rows are the 32 lanes of a warp, so at most 32), any batch, any shape,
 #: with or without pivoting.
@@ -26,6 +30,22 @@ SMALL_SOLVE_MAX_N = 32
 GETRF_BATCH2 = {"f": 8400, "F": 8400, "d": 2200, "D": 2200}
 GETRF_LINEAR = {"f": 18600, "F": 18600}
 GETRF_SUPERLINEAR = {"d": 16600, "D": 5200}
+
+
+def getrf_batched_wins(batch: int, n: int, dtype: np.dtype) -> bool:
+    """PyTorch's ``get_lu_factor_solver_backend`` for a square batch: True for cuBLAS
+    ``getrfBatched``, False for a cuSOLVER ``getrf`` per matrix."""
+    if batch <= 1:
+        return False
+    kind = np.dtype(dtype).char
+    if batch == 2:
+        threshold = GETRF_BATCH2[kind] * batch
+    elif kind in GETRF_LINEAR:
+        threshold = GETRF_LINEAR[kind] * batch
+    else:
+        threshold = GETRF_SUPERLINEAR[kind] * batch * math.isqrt(batch)
+    return n * n <= threshold
+
 
 #: cuBLAS ``getrsBatched`` (pivots gathered per problem, LU read through
 #: repeated pointers) for systems up to this n with at most this many
