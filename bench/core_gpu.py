@@ -8,7 +8,8 @@ CUDA events on the current stream after warm-up, medians over repeats. Also
 reported: lu_solve with 64 right-hand sides (up to 2^26 elements of B), achieved
 memory bandwidth of lu_unpack (bytes of LU and pivots read plus P, L, U written,
 over the time) and achieved FLOP/s of lu_factor (2/3 n^3 per matrix). cupyx has no
-batched lu_factor: it is timed as a Python loop over the batch where the batch is at most 1000, and left out above.
+batched lu_factor: it is timed as a Python loop over the batch where the batch is
+at most 1000, and left out above.
 
 Status: written without a GPU to run it on (see the README); expect fixes on first
 contact with a device.
