@@ -73,8 +73,9 @@ def lu_solve(
     w3 = w.reshape(nprob, nrhs, n)
     if not w3.size:
         return w.swapaxes(-1, -2) if left else w
-    _libs.check_int32("LU", n, n)
-    _libs.check_int32("B", n, nrhs)
+    if n > _tuning.SMALL_SOLVE_MAX_N:  # the libraries index with 32-bit integers; our kernels do not
+        _libs.check_int32("LU", n, n)
+        _libs.check_int32("B", n, nrhs)
     index = cp.asarray(lu_index, dtype=cp.int64)
     trsm = n > _tuning.SMALL_SOLVE_MAX_N and nprob > 1 and not _getrs_batched_fits(n, nrhs)
     perm = permutations(piv0, n) if trsm else None
