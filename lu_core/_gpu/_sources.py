@@ -1,8 +1,8 @@
 """The GPU backend's CUDA sources and how they are compiled and cached.
 
 Every ``.cu`` file beside this module is compiled by NVRTC through
-``cupy.RawModule`` with :data:`OPTIONS`, after CuPy's ``<cupy/complex.cuh>``,
-and instantiated per dtype with the name expressions of :data:`SOURCES`; the
+``cupy.RawModule`` with its options from :data:`SOURCES`, after CuPy's
+``<cupy/complex.cuh>``, and instantiated per dtype with its name expressions; the
 test suite compiles the very ``RawModule`` objects :func:`raw_module` builds
 (tests/lu_core/_gpu/test_cuda_sources.py), so what CI compiles is what runs.
 Compiled modules are memoised per device, kernel function objects per device
@@ -24,6 +24,12 @@ import numpy as np
 #: ``<cupy/complex.cuh>``) refuses anything older than C++17: the
 #: ``-std=c++14`` used before stopped every kernel with ``#error``.
 OPTIONS: tuple[str, ...] = ("-std=c++17",)
+
+#: The small factorization and solve also keep every multiply and subtract
+#: separately rounded (no fused multiply-add), as the CPU backend's kernels do,
+#: so that rounding, and hence the pivot choice among near-ties, is the same
+#: on both devices. Their cost is latency and shuffles, not arithmetic.
+SMALL_OPTIONS: tuple[str, ...] = (*OPTIONS, "--fmad=false")
 
 #: Prepended to every source: CuPy's ``complex<T>``.
 PRELUDE = "#include <cupy/complex.cuh>\n"
@@ -63,10 +69,10 @@ def _small_names() -> tuple[str, ...]:
     return tuple(names)
 
 
-#: Each CUDA source and the kernel instantiations the backend asks of it.
-SOURCES: dict[str, tuple[str, ...]] = {
-    "kernels.cu": _generic_names(),
-    "small_lu.cu": _small_names(),
+#: Each CUDA source: its NVRTC options and the kernel instantiations the backend asks of it.
+SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "kernels.cu": (OPTIONS, _generic_names()),
+    "small_lu.cu": (SMALL_OPTIONS, _small_names()),
 }
 
 _HERE = pathlib.Path(__file__).parent
@@ -75,7 +81,8 @@ _HERE = pathlib.Path(__file__).parent
 def raw_module(source: str) -> cp.RawModule:
     """The (not yet compiled) ``RawModule`` of ``source``, exactly as the backend compiles it."""
     code = PRELUDE + (_HERE / source).read_text()
-    return cp.RawModule(code=code, options=OPTIONS, name_expressions=SOURCES[source])
+    options, names = SOURCES[source]
+    return cp.RawModule(code=code, options=options, name_expressions=names)
 
 
 @functools.cache
