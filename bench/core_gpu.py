@@ -5,10 +5,11 @@
 Runs only where CuPy sees a GPU. Grid: batch 1 ... 100000, n 8 ... 8192 (cases
 above 2^26 elements left out), float32 and float64. Every contender is timed with
 CUDA events on the current stream after warm-up, medians over repeats. Also
-reported: achieved memory bandwidth of lu_unpack (bytes of LU and pivots read plus
-P, L, U written, over the time) and achieved FLOP/s of lu_factor (2/3 n^3 per
-matrix). cupyx has no batched lu_factor: it is timed as a Python loop over the
-batch where the batch is at most 1000, and left out above.
+reported: lu_solve with 64 right-hand sides (up to 2^26 elements of B), achieved
+memory bandwidth of lu_unpack (bytes of LU and pivots read plus P, L, U written,
+over the time) and achieved FLOP/s of lu_factor (2/3 n^3 per matrix). cupyx has no
+batched lu_factor: it is timed as a Python loop over the batch where the batch is
+at most 1000, and left out above.
 
 Status: written without a GPU to run it on (see the README); expect fixes on first
 contact with a device.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import pathlib
+import re
 import statistics
 from collections.abc import Callable
 
@@ -117,12 +119,26 @@ def run_case(batch: int, n: int, dtype: str, torch, repeats: int) -> list[dict]:
             "cupyx": (lambda: [cxl.lu_solve(f, B[i]) for i, f in enumerate(cx_factors)]) if loop_ok else None,
         },
     )
+    if batch * n * 64 <= MAX_ELEMENTS:
+        B64 = rng.standard_normal((batch, n, 64)).astype(dtype)
+        B64t = torch.as_tensor(B64, device="cuda") if torch is not None else None
+        time_op(
+            "lu_solve 64 rhs",
+            lambda: lu_core.lu_solve(LU, piv, B64),
+            {"torch": (lambda: torch.linalg.lu_solve(LUt, pivt, B64t)) if torch is not None else None},
+        )
     time_op(
         "solve",
         lambda: lu_core.solve(A, B),
         {"torch": (lambda: torch.linalg.solve(At, Bt)) if torch is not None else None},
     )
     return rows
+
+
+def _slug(device: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``h100``: the model in file names (bench/results)."""
+    match = re.search(r"\b([a-z]+\d+[a-z]*)\b", device.lower().replace("nvidia", ""))
+    return match.group(1) if match else re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
 
 
 def cases(quick: bool) -> list[tuple[int, int]]:
@@ -179,7 +195,11 @@ def run(quick: bool, out: pathlib.Path | None, progress: Callable[[str], None]) 
     if out is None:
         return None
     path = write(
-        report, rows, PEERS, out / f"{dt.date.today().isoformat()}-gpu{'-quick' if quick else ''}", f"lu_core on {name}"
+        report,
+        rows,
+        PEERS,
+        out / f"{dt.date.today().isoformat()}-gpu-{_slug(name)}{'-quick' if quick else ''}",
+        f"lu_core on {name}",
     )
     progress(f"wrote {path}")
     return path

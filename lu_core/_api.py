@@ -183,7 +183,7 @@ def lu(A: Any, *, pivot: bool = True) -> tuple[Any, Any, Any]:
     be = backend_for(A)
     a = _matrix(be, A, "A")
     LU, piv, _ = be.lu_factor_ex(a, bool(pivot))
-    piv0 = be.check_pivots(piv, a.shape[-2]) if pivot else None
+    piv0 = be.own_pivots(piv) if pivot else None  # ours: no range check, no wait for the device
     return be.lu_unpack(LU, piv0, True)
 
 
@@ -308,9 +308,17 @@ def lu_solve(
     piv0 = be.check_pivots(piv, n)
     if check_errors:
         _raise_if_singular(be, _diagonal_info(lu_), "lu_solve")
+    return _solve_checked(be, lu_, piv0, b, out_batch, bool(left), bool(adjoint))
+
+
+def _solve_checked(
+    be: Backend, lu_: Any, piv0: Any, b: Any, out_batch: tuple[int, ...], left: bool, adjoint: bool
+) -> Any:
+    """The solve once shapes are validated and pivots are 0-based (checked, or our own)."""
     dtype = common_dtype(lu_.dtype, b.dtype)
     lu_, b = be.astype(lu_, dtype), be.astype(b, dtype)
-    return be.lu_solve(lu_, piv0, b, broadcast_index(lu_batch, out_batch), out_batch, bool(left), bool(adjoint))
+    lu_batch = tuple(lu_.shape[:-2])
+    return be.lu_solve(lu_, piv0, b, broadcast_index(lu_batch, out_batch), out_batch, left, adjoint)
 
 
 def solve(A: Any, B: Any, *, left: bool = True, check_errors: bool = True) -> Any:
@@ -362,10 +370,23 @@ def solve(A: Any, B: Any, *, left: bool = True, check_errors: bool = True) -> An
         b_in = b_raw[..., None] if left else b_raw[..., None, :]
     else:
         b_in = b_raw
+    b_mat = _matrix(be, b_in, "B")
+    n = a.shape[-1]
+    side = -2 if left else -1
+    if b_mat.shape[side] != n:
+        what = "rows" if left else "columns"
+        expected = f"expected {n} {what} to match A of shape {tuple(a.shape)} (left={bool(left)})"
+        raise ShapeError("B", f"{expected}, got shape {tuple(b_mat.shape)}")
+    a_batch, b_batch = tuple(a.shape[:-2]), tuple(b_mat.shape[:-2])
+    try:
+        out_batch = tuple(np.broadcast_shapes(a_batch, b_batch))
+    except ValueError:
+        raise ShapeError("A, B", f"batch dimensions {a_batch} and {b_batch} cannot be broadcast together") from None
     LU, piv, info = be.lu_factor_ex(a, True)
     if check_errors:
         _raise_if_singular(be, info, "solve")
-    X = lu_solve(LU, piv, b_in, left=left)
+    # Pivots we just produced: no range check, so no wait for the device before the solve.
+    X = _solve_checked(be, LU, be.own_pivots(piv), b_mat, out_batch, bool(left), False)
     return X[..., 0] if vector and left else (X[..., 0, :] if vector else X)
 
 

@@ -31,6 +31,11 @@ class Backend(Protocol):
         """Raise :class:`~lu_core.PivotError` unless every pivot is in ``[1, m]``;
         return them 0-based, int32, contiguous, shape ``(batch, k)``."""
 
+    def own_pivots(self, pivots: Any) -> Any:
+        """Pivots this library produced (always in range): 0-based int32, shape
+        ``(batch, k)``, without :meth:`check_pivots`'s check (and, on the GPU,
+        without waiting for the device)."""
+
     def lu_factor_ex(self, a: Any, pivot: bool) -> tuple[Any, Any, Any]:
         """``(LU, pivots (1-based int32), info (int32, batch shape))``."""
 

@@ -73,6 +73,12 @@ class CpuBackend:
         piv0 -= 1  # LAPACK 1-based -> 0-based, the one place in
         return piv0
 
+    def own_pivots(self, pivots: np.ndarray) -> np.ndarray:
+        nb = int(np.prod(pivots.shape[:-1]))
+        piv0 = pivots.reshape(nb, pivots.shape[-1]).astype(np.int32)  # a copy: the caller's stay 1-based
+        piv0 -= 1  # LAPACK 1-based -> 0-based, for pivots lu_factor_ex just produced
+        return piv0
+
     def lu_factor_ex(self, a: np.ndarray, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         batch, (m, n) = a.shape[:-2], a.shape[-2:]
         nb, k = int(np.prod(batch)), min(m, n)

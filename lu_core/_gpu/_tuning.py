@@ -1,28 +1,59 @@
 """Dispatch thresholds of the GPU backend, in one table.
 
-PROVISIONAL: these follow NVIDIA's guidance for the batched cuBLAS routines
-(intended for many small matrices) and have NOT yet been calibrated on a
-device: no GPU was available to the session that wrote this backend. Replace
-them with the crossovers measured on an H200 by the GPU calibration benchmark
-(issue 3, "GPU unverified").
+NOT YET CALIBRATED ON A DEVICE: no GPU has been lent to the sessions that wrote
+this backend. The values are PyTorch's (its ``get_lu_factor_solver_backend``
+and ``lu_solve`` heuristics in ``aten/src/ATen/native/cuda/linalg/
+BatchLinearAlgebra.cpp``, measured by its authors on H100 / A100 / L40) and
+the register limit of our own warp-per-matrix kernels. ``python -m
+bench.calibrate_gpu --out DIR`` measures the crossovers on a device and
+prints the values to put here.
 """
 
 from __future__ import annotations
 
-#: cuBLAS ``getrfBatched`` for square matrices up to this n, when the batch
-#: has at least ``GETRF_BATCHED_MIN_BATCH`` matrices; cuSOLVER ``getrf`` per
-#: matrix otherwise (and always for rectangular matrices).
-GETRF_BATCHED_MAX_N = 64
-GETRF_BATCHED_MIN_BATCH = 2
+import math
 
-#: cuBLAS ``getrsBatched`` for systems up to this n with at least
-#: ``GETRS_BATCHED_MIN_BATCH`` problems; cuSOLVER ``getrs`` per problem otherwise.
-GETRS_BATCHED_MAX_N = 64
-GETRS_BATCHED_MIN_BATCH = 2
+import numpy as np
 
-#: From this many right-hand sides on, solve as a row permutation plus two
-#: cuBLAS ``trsm`` calls (BLAS-3) per problem.
-TRSM_MIN_NRHS = 64
+#: Our own warp-per-matrix kernels (``small_lu.cu``) for matrices up to this
+#: size (rows are the 32 lanes of a warp, so at most 32), any batch, any shape,
+#: with or without pivoting.
+SMALL_FACTOR_MAX_N = 32
+SMALL_SOLVE_MAX_N = 32
 
-#: Threads per block for the element-wise kernels.
+#: cuBLAS ``getrfBatched`` against a cuSOLVER ``getrf`` per matrix, for square
+#: batches of more than one matrix: cuSOLVER when ``n * n > threshold``, where
+#: the threshold is ``GETRF_BATCH2[kind] * batch`` for a batch of 2 and
+#: ``GETRF_LINEAR[kind] * batch`` (single precision) or
+#: ``GETRF_SUPERLINEAR[kind] * batch * isqrt(batch)`` (double) beyond.
+#: ``kind`` is the dtype's character code (``f``, ``d``, ``F``, ``D``).
+GETRF_BATCH2 = {"f": 8400, "F": 8400, "d": 2200, "D": 2200}
+GETRF_LINEAR = {"f": 18600, "F": 18600}
+GETRF_SUPERLINEAR = {"d": 16600, "D": 5200}
+
+
+def getrf_batched_wins(batch: int, n: int, dtype: np.dtype) -> bool:
+    """PyTorch's ``get_lu_factor_solver_backend`` for a square batch: True for cuBLAS
+    ``getrfBatched``, False for a cuSOLVER ``getrf`` per matrix."""
+    if batch <= 1:
+        return False
+    kind = np.dtype(dtype).char
+    if batch == 2:
+        threshold = GETRF_BATCH2[kind] * batch
+    elif kind in GETRF_LINEAR:
+        threshold = GETRF_LINEAR[kind] * batch
+    else:
+        threshold = GETRF_SUPERLINEAR[kind] * batch * math.isqrt(batch)
+    return n * n <= threshold
+
+
+#: cuBLAS ``getrsBatched`` (pivots gathered per problem, LU read through
+#: repeated pointers) for systems up to this n with at most this many
+#: right-hand sides; cuBLAS ``trsmBatched`` (BLAS-3) otherwise.
+GETRS_BATCHED_MAX_N = 128
+GETRS_BATCHED_MAX_NRHS = 2
+
+#: Threads per block of the element-wise kernels and of the warp-per-matrix
+#: kernels (a multiple of 32).
 BLOCK = 256
+SMALL_BLOCK = 128

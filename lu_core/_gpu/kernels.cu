@@ -1,7 +1,8 @@
 // CUDA kernels of lu_core's GPU backend.
 //
-// Compiled at run time with NVRTC through cupy.RawModule and instantiated per
-// dtype with name_expressions (T: float, double, complex<float>,
+// Compiled at run time with NVRTC through cupy.RawModule (options and
+// name_expressions in _sources.py; CuPy's <cupy/complex.cuh> is included
+// first) and instantiated per dtype (T: float, double, complex<float>,
 // complex<double>; I: the pivots' integer type). No type names are pasted into
 // this source. Kernels use 64-bit indexing and grid-stride loops so any batch
 // size works with any launch shape.
@@ -131,50 +132,97 @@ __global__ void unpack(const T* __restrict__ src, T* __restrict__ lower, T* __re
     }
 }
 
-// Row permutation of right-hand sides held as w[t, r, :] (column r of problem
-// t's right-hand side, length n): gather x[i] = w[perm[i]] for A X = B, or the
-// inverse scatter x[perm[i]] = w[i] for the transposed / adjoint path.
-// Problem t uses the row order perm[perm_index[t]]: broadcast without copies.
+// Conjugation that is a no-op for real types: one template serves all dtypes.
 template <typename T>
-__global__ void permute_rows(const T* __restrict__ src, T* __restrict__ dst, const int* __restrict__ perm,
-                             const long long* __restrict__ perm_index, long long nprob, int nrhs, int n,
-                             int inverse) {
+__device__ __forceinline__ T maybe_conj(T x, int) {
+    return x;
+}
+template <typename T>
+__device__ __forceinline__ complex<T> maybe_conj(complex<T> x, int c) {
+    return c ? conj(x) : x;
+}
+
+// Right-hand sides for the solvers, in one pass: the broadcast copy of B, the
+// row permutation of A X = B, and the conjugation of X A^H = B's transposed
+// form. The output w[t, r, :] (column r of problem t's right-hand side,
+// length n) is contiguous, the layout cuBLAS and the small solver read.
+//
+// b is read through element strides: problem t's block starts at
+// b + b_offset[t] (so a broadcast B is never copied first), right-hand side r
+// at + r * s_rhs and row i at + i * s_row. With use_perm, row i of the output
+// is row perm[lu_index[t], i] of B (x = P^T b, i.e. B[perm]).
+template <typename T>
+__global__ void gather_rhs(const T* __restrict__ b, const long long* __restrict__ b_offset, long long s_rhs,
+                           long long s_row, T* __restrict__ w, const int* __restrict__ perm,
+                           const long long* __restrict__ lu_index, long long nprob, int nrhs, int n, int use_perm,
+                           int conjugate) {
     const long long total = nprob * (long long)nrhs * n;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
         const long long vec = t / n;
         const int i = (int)(t - vec * n);
         const long long prob = vec / nrhs;
-        const int p = perm[perm_index[prob] * n + i];
-        if (inverse) {
-            dst[vec * n + p] = src[t];
-        } else {
-            dst[t] = src[vec * n + p];
-        }
+        const int r = (int)(vec - prob * nrhs);
+        const int row = use_perm ? perm[lu_index[prob] * n + i] : i;
+        w[t] = maybe_conj(b[b_offset[prob] + r * s_rhs + row * s_row], conjugate);
     }
 }
 
-// Explicit instantiations for the ahead-of-time compile check (nvcc, in the
-// test suite). At run time NVRTC instantiates through name_expressions and
-// this block is compiled out.
-#ifdef LU_CORE_NVCC_CHECK
-#define LU_CORE_INSTANTIATE_T(T)                                                                          \
-    template __global__ void unpack<T>(const T*, T*, T*, long long, int, int, int, const int*, T*, int,  \
-                                       int, int);                                                         \
-    template __global__ void permute_rows<T>(const T*, T*, const int*, const long long*, long long, int, \
-                                             int, int);
-#define LU_CORE_INSTANTIATE_I(I) \
-    template __global__ void check_pivots<I>(const I*, int*, long long, long long, unsigned long long*);
-LU_CORE_INSTANTIATE_T(float)
-LU_CORE_INSTANTIATE_T(double)
-LU_CORE_INSTANTIATE_T(LU_CORE_COMPLEX<float>)
-LU_CORE_INSTANTIATE_T(LU_CORE_COMPLEX<double>)
-LU_CORE_INSTANTIATE_I(signed char)
-LU_CORE_INSTANTIATE_I(unsigned char)
-LU_CORE_INSTANTIATE_I(short)
-LU_CORE_INSTANTIATE_I(unsigned short)
-LU_CORE_INSTANTIATE_I(int)
-LU_CORE_INSTANTIATE_I(unsigned int)
-LU_CORE_INSTANTIATE_I(long long)
-LU_CORE_INSTANTIATE_I(unsigned long long)
-#endif
+// The inverse row permutation after the transposed / adjoint triangular solves:
+// x[perm[i]] = w[i] (x = P w), problem t using the row order of factorization
+// lu_index[t]. Out of place: every element is written exactly once.
+template <typename T>
+__global__ void scatter_rows(const T* __restrict__ w, T* __restrict__ x, const int* __restrict__ perm,
+                             const long long* __restrict__ lu_index, long long nprob, int nrhs, int n) {
+    const long long total = nprob * (long long)nrhs * n;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
+        const long long vec = t / n;
+        const int i = (int)(t - vec * n);
+        const long long prob = vec / nrhs;
+        x[vec * n + perm[lu_index[prob] * n + i]] = w[t];
+    }
+}
+
+// Pivoting-free LU with LAPACK getf2's rule for an exact zero pivot (record
+// info, skip the scaling, go on), the CPU backend's semantics: finite input
+// gives finite output. cuSOLVER / cuBLAS without pivots divide by the zero
+// instead (NaN / Inf), so the matrices they flag (info[b] != 0) are factored
+// again here from the kept input; the others return at once. One block per
+// matrix, column-major storage (a(i, j) at s[j * m + i]), the matrix in
+// global memory: meant for the rare singular matrix, not for speed.
+template <typename T>
+__global__ void nopivot_refactor(const T* __restrict__ orig, T* __restrict__ s, int* __restrict__ info,
+                                 long long nbatch, int m, int n) {
+    const int kk = m < n ? m : n;
+    const long long per = (long long)m * n;
+    for (long long b = blockIdx.x; b < nbatch; b += gridDim.x) {
+        if (info[b] == 0) continue;  // uniform across the block
+        const T* src = orig + b * per;
+        T* a = s + b * per;
+        for (long long e = threadIdx.x; e < per; e += blockDim.x) a[e] = src[e];
+        __syncthreads();
+        int first_zero = 0;
+        for (int j = 0; j < kk; ++j) {
+            const T d = a[(long long)j * m + j];
+            if (d == T(0)) {
+                if (first_zero == 0) first_zero = j + 1;
+            } else {
+                const T r = T(1) / d;
+                for (int i = j + 1 + threadIdx.x; i < m; i += blockDim.x) a[(long long)j * m + i] *= r;
+            }
+            __syncthreads();
+            const int rows = m - j - 1;
+            const long long work = (long long)rows * (n - j - 1);
+            for (long long e = threadIdx.x; e < work; e += blockDim.x) {
+                const int c = j + 1 + (int)(e / rows);
+                const int i = j + 1 + (int)(e - (long long)(c - j - 1) * rows);
+                const T f = a[(long long)c * m + j];
+                if (f != T(0)) a[(long long)c * m + i] -= a[(long long)j * m + i] * f;
+            }
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) info[b] = first_zero;
+        __syncthreads();
+    }
+}

@@ -1,0 +1,194 @@
+"""Measure the GPU backend's crossovers and print the values for ``lu_core/_gpu/_tuning.py``.
+
+    python -m bench.calibrate_gpu --out DIR [--quick]
+
+Times every routine the dispatch can pick on the same data, with CUDA events
+(medians after warm-up): for the factorization our warp-per-matrix kernel,
+cuBLAS ``getrfBatched`` and a cuSOLVER ``getrf`` per matrix; for the solve our
+warp-per-vector kernel, cuBLAS ``getrsBatched`` and ``trsmBatched``. Writes
+``DIR/calibrate-gpu-<device>.md`` (every time, and the fastest routine per case)
+and prints the suggested table entries. Where CUDA sees no device it says so and
+exits 0, so scripts can call it anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import pathlib
+import re
+import sys
+from collections.abc import Callable, Iterator
+
+from bench.core_gpu import _cuda_time, available
+
+FACTOR_N = (4, 8, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
+FACTOR_BATCH = (2, 8, 64, 512, 4096, 32768)
+SOLVE_N = (8, 16, 32, 48, 64, 96, 128, 256)
+SOLVE_NRHS = (1, 2, 4, 16, 64)
+SOLVE_BATCH = (8, 512, 8192)
+MAX_ELEMENTS = 1 << 25
+DTYPES = ("float32", "float64", "complex64", "complex128")
+
+
+@contextlib.contextmanager
+def _tuned(**values: object) -> Iterator[None]:
+    """Force one dispatch choice by overriding ``_tuning`` entries for the duration."""
+    from lu_core._gpu import _tuning
+
+    saved = {k: getattr(_tuning, k) for k in values}
+    for k, v in values.items():
+        setattr(_tuning, k, v)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(_tuning, k, v)
+
+
+def _factor_paths(n: int) -> dict[str, dict[str, object]]:
+    paths: dict[str, dict[str, object]] = {
+        "getrfBatched": {"SMALL_FACTOR_MAX_N": 0, "getrf_batched_wins": lambda *a: True},
+        "cusolver": {"SMALL_FACTOR_MAX_N": 0, "getrf_batched_wins": lambda *a: False},
+    }
+    if n <= 32:
+        paths["own"] = {"SMALL_FACTOR_MAX_N": 32}
+    return paths
+
+
+def _solve_paths(n: int) -> dict[str, dict[str, object]]:
+    paths: dict[str, dict[str, object]] = {
+        "getrsBatched": {"SMALL_SOLVE_MAX_N": 0, "GETRS_BATCHED_MAX_N": 1 << 30, "GETRS_BATCHED_MAX_NRHS": 1 << 30},
+        "trsmBatched": {"SMALL_SOLVE_MAX_N": 0, "GETRS_BATCHED_MAX_N": 0},
+    }
+    if n <= 32:
+        paths["own"] = {"SMALL_SOLVE_MAX_N": 32}
+    return paths
+
+
+def _time_paths(paths: dict[str, dict[str, object]], fn: Callable[[], object], repeats: int) -> dict[str, float]:
+    out = {}
+    for name, values in paths.items():
+        with _tuned(**values):
+            out[name], _ = _cuda_time(fn, repeats)
+    return out
+
+
+def measure(quick: bool, progress: Callable[[str], None]) -> tuple[list[dict], list[dict]]:
+    import cupy as cp
+
+    import lu_core
+
+    rng = cp.random.default_rng(0)
+    repeats = 3 if quick else 10
+    factor_rows, solve_rows = [], []
+    dtypes = DTYPES[:2] if quick else DTYPES
+    for dtype in dtypes:
+        for n in FACTOR_N[:6] if quick else FACTOR_N:
+            for batch in FACTOR_BATCH[:3] if quick else FACTOR_BATCH:
+                if batch * n * n > MAX_ELEMENTS:
+                    continue
+                A = rng.standard_normal((batch, n, n)).astype(dtype) + n * cp.eye(n, dtype=dtype)
+                times = _time_paths(_factor_paths(n), lambda A=A: lu_core.lu_factor_ex(A), repeats)
+                factor_rows.append({"dtype": dtype, "n": n, "batch": batch, **times})
+                progress(f"factor {dtype} n={n} batch={batch}: {times}")
+        for n in SOLVE_N[:4] if quick else SOLVE_N:
+            for batch in SOLVE_BATCH[:2] if quick else SOLVE_BATCH:
+                if batch * n * n > MAX_ELEMENTS:
+                    continue
+                A = rng.standard_normal((batch, n, n)).astype(dtype) + n * cp.eye(n, dtype=dtype)
+                LU, piv = lu_core.lu_factor(A)
+                for nrhs in SOLVE_NRHS[:3] if quick else SOLVE_NRHS:
+                    B = rng.standard_normal((batch, n, nrhs)).astype(dtype)
+                    times = _time_paths(
+                        _solve_paths(n), lambda LU=LU, piv=piv, B=B: lu_core.lu_solve(LU, piv, B), repeats
+                    )
+                    solve_rows.append({"dtype": dtype, "n": n, "batch": batch, "nrhs": nrhs, **times})
+                    progress(f"solve {dtype} n={n} batch={batch} nrhs={nrhs}: {times}")
+    return factor_rows, solve_rows
+
+
+def _best(row: dict, keys: tuple[str, ...]) -> str:
+    return min((k for k in keys if k in row), key=lambda k: row[k])
+
+
+def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object]:
+    """Table entries the measurements support (the largest n where a path still wins)."""
+    own_factor = [r["n"] for r in factor_rows if "own" in r and _best(r, ("own", "getrfBatched", "cusolver")) == "own"]
+    own_solve = [r["n"] for r in solve_rows if "own" in r and _best(r, ("own", "getrsBatched", "trsmBatched")) == "own"]
+    getrs = [r for r in solve_rows if r["n"] > 32 and _best(r, ("getrsBatched", "trsmBatched")) == "getrsBatched"]
+    crossovers = {}
+    for r in factor_rows:
+        if r["n"] > 32 and _best(r, ("getrfBatched", "cusolver")) == "getrfBatched":
+            key = (r["dtype"], r["batch"])
+            crossovers[key] = max(crossovers.get(key, 0), r["n"])
+    return {
+        "SMALL_FACTOR_MAX_N": max(own_factor, default=0),
+        "SMALL_SOLVE_MAX_N": max(own_solve, default=0),
+        "GETRS_BATCHED_MAX_N": max((r["n"] for r in getrs), default=0),
+        "GETRS_BATCHED_MAX_NRHS": max((r["nrhs"] for r in getrs), default=0),
+        "getrfBatched largest winning n per (dtype, batch)": dict(sorted(crossovers.items())),
+    }
+
+
+def _table(rows: list[dict], keys: tuple[str, ...], paths: tuple[str, ...]) -> list[str]:
+    head = [*keys, *(f"{p} (ms)" for p in paths), "fastest"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r[k]) for k in keys]
+        cells += [f"{r[p] * 1e3:.3f}" if p in r else "" for p in paths]
+        lines.append("| " + " | ".join([*cells, _best(r, paths)]) + " |")
+    return lines
+
+
+def report(device: str, factor_rows: list[dict], solve_rows: list[dict], suggested: dict[str, object]) -> str:
+    lines = [
+        f"# GPU dispatch calibration, {device}, {dt.date.today().isoformat()}",
+        "",
+        "Command: `python -m bench.calibrate_gpu --out DIR`. Medians of CUDA-event timings.",
+        "",
+        "## Suggested lu_core/_gpu/_tuning.py entries",
+        "",
+        *(f"- `{k}`: {v}" for k, v in suggested.items()),
+        "",
+        "## lu_factor",
+        "",
+        *_table(factor_rows, ("dtype", "n", "batch"), ("own", "getrfBatched", "cusolver")),
+        "",
+        "## lu_solve",
+        "",
+        *_table(solve_rows, ("dtype", "n", "batch", "nrhs"), ("own", "getrsBatched", "trsmBatched")),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.calibrate_gpu", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for the report")
+    ap.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")
+    args = ap.parse_args(argv)
+    problem = available()
+    if problem is not None:
+        print(f"no CUDA device: {problem}; nothing to calibrate", file=sys.stderr)
+        return 0
+    import cupy as cp
+
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+    device = name.decode() if isinstance(name, bytes) else str(name)
+    factor_rows, solve_rows = measure(args.quick, lambda msg: print(msg, file=sys.stderr, flush=True))
+    suggested = suggest(factor_rows, solve_rows)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+    path = out / f"calibrate-gpu-{slug}.md"
+    path.write_text(report(device, factor_rows, solve_rows, suggested))
+    for k, v in suggested.items():
+        print(f"{k} = {v}")
+    print(f"report: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

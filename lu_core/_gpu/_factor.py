@@ -1,0 +1,104 @@
+"""The GPU factorization: which routine factors a batch, and no Python loop for small ones.
+
+* ``max(m, n) <= 32``: our warp-per-matrix kernel (``small_lu.cu``), any batch,
+  rectangular too, with or without pivoting: one launch.
+* square batches where PyTorch's heuristic prefers it: cuBLAS ``getrfBatched``,
+  one call for the whole batch.
+* otherwise (one matrix, rectangular, or matrices so large that a library call
+  each is noise): cuSOLVER ``getrf`` per matrix, as PyTorch does.
+
+Pivots: the small kernel and cuSOLVER choose LAPACK's pivot (first entry of
+largest ``|re| + |im|``). cuBLAS ``getrfBatched`` does not document its
+measure for complex entries; for real dtypes the largest ``|x|`` is the only
+choice, and ties are broken by cuBLAS. Where they differ the factorization is
+still valid (``P @ L @ U == A``), which is what the tests assert there.
+
+Without pivoting an exact zero pivot gives the CPU backend's (LAPACK getf2's)
+finite result: the small kernel follows that rule itself; matrices the
+libraries flag are refactored by ``nopivot_refactor`` from a kept copy.
+
+Nothing here waits for the device: ``info`` stays on it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cupy as cp
+import numpy as np
+
+from lu_core._gpu import _libs, _sources, _tuning
+from lu_core._gpu._libs import cublas, cusolver
+
+_SHARED_BYTES = 48 * 1024  # dynamic shared memory a block may use without opting in
+
+
+def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp.ndarray]:
+    batch, (m, n) = a.shape[:-2], a.shape[-2:]
+    nb, k = math.prod(batch), min(m, n)
+    dt = a.dtype
+    s = cp.empty((nb, n, m), dtype=dt)  # column-major per matrix: the libraries' layout
+    s[...] = a.reshape(nb, m, n).swapaxes(1, 2)
+    piv = cp.empty((nb, k), dtype=cp.int32)
+    info = cp.zeros(nb, dtype=cp.int32)
+    if nb and k:
+        if max(m, n) <= _tuning.SMALL_FACTOR_MAX_N:
+            _small(s, piv, info, m, n, pivot)
+        else:
+            _libs.check_int32("A", m, n)
+            kept = s.copy() if not pivot else None  # for nopivot_refactor
+            if m == n and _tuning.getrf_batched_wins(nb, n, dt):
+                _getrf_batched(s, piv, info, pivot)
+            else:
+                _getrf_cusolver(s, piv, info, m, n, pivot)
+            if not pivot:
+                piv[...] = cp.arange(1, k + 1, dtype=cp.int32)
+                _sources.kernel("kernels.cu", f"nopivot_refactor<{_sources.CTYPE[dt]}>")(
+                    (min(nb, 65535 * 16),), (_tuning.BLOCK,), (kept, s, info, np.int64(nb), np.int32(m), np.int32(n))
+                )
+    lu = s.swapaxes(1, 2).reshape(*batch, m, n)
+    return lu, piv.reshape(*batch, k), info.reshape(batch)
+
+
+def _small(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, m: int, n: int, pivot: bool) -> None:
+    nb = s.shape[0]
+    per_warp = _sources.WARP * n * s.dtype.itemsize  # each warp's matrix in shared memory
+    warps = max(1, min(_tuning.SMALL_BLOCK // _sources.WARP, _SHARED_BYTES // per_warp))
+    fn = _sources.kernel("small_lu.cu", f"small_getrf<{_sources.CTYPE[s.dtype]}>")
+    fn(
+        _libs.grid(nb, warps),
+        (warps * _sources.WARP,),
+        (s, piv, info, np.int64(nb), np.int32(m), np.int32(n), np.int32(pivot)),
+        shared_mem=warps * per_warp,
+    )
+
+
+def _getrf_batched(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, pivot: bool) -> None:
+    nb, n, _ = s.shape
+    step = np.uint64(n * n * s.dtype.itemsize)
+    ptrs = cp.arange(nb, dtype=cp.uint64) * step + np.uint64(s.data.ptr)
+    getattr(cublas, f"{_libs.prefix(s.dtype)}getrfBatched")(
+        _libs.blas_handle(), n, ptrs.data.ptr, n, piv.data.ptr if pivot else 0, info.data.ptr, nb
+    )
+
+
+def _getrf_cusolver(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, m: int, n: int, pivot: bool) -> None:
+    """One cuSOLVER call per matrix: reached for one matrix, rectangular batches and large n only."""
+    nb = s.shape[0]
+    handle = _libs.solver_handle()
+    p = _libs.prefix(s.dtype)
+    lwork = getattr(cusolver, f"{p}getrf_bufferSize")(handle, m, n, s.data.ptr, m)
+    work = cp.empty(max(1, lwork), dtype=s.dtype)
+    getrf = getattr(cusolver, f"{p}getrf")
+    step, pstep = m * n * s.dtype.itemsize, piv.shape[1] * 4
+    for b in range(nb):
+        getrf(
+            handle,
+            m,
+            n,
+            s.data.ptr + b * step,
+            m,
+            work.data.ptr,
+            piv.data.ptr + b * pstep if pivot else 0,
+            info.data.ptr + b * 4,
+        )

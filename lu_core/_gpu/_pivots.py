@@ -1,0 +1,70 @@
+"""Pivots on the device: checking users' pivots, converting ours, row orders.
+
+Bases: LAPACK's 1-based pivots outside, 0-based inside our kernels.
+:func:`check_pivots` (users' pivots: range-checked on the device) and
+:func:`own_pivots` (pivots this library just produced: no check, no host
+synchronisation) are the two places that convert in; cuSOLVER and cuBLAS get
+``piv0 + 1`` where they are called.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cupy as cp
+import numpy as np
+
+from lu_core._errors import PivotError
+from lu_core._gpu import _libs, _sources, _tuning
+
+_NO_BAD = np.uint64(np.iinfo(np.uint64).max)
+_SMALL_M = 32  # LU_CORE_SMALL_M in kernels.cu
+_SHARED_M = 12288  # m ints in 48 KiB of shared memory
+
+
+def check_pivots(pivots: cp.ndarray, m: int) -> cp.ndarray:
+    k = pivots.shape[-1]
+    nb = math.prod(pivots.shape[:-1])
+    flat = cp.ascontiguousarray(pivots.reshape(nb, k))
+    piv0 = cp.empty((nb, k), dtype=cp.int32)
+    if not flat.size:
+        return piv0
+    first_bad = cp.full(1, _NO_BAD, dtype=cp.uint64)
+    ctype = _sources.PIVOT_CTYPE[(flat.dtype.itemsize, flat.dtype.kind == "i")]
+    total = flat.size
+    _sources.kernel("kernels.cu", f"check_pivots<{ctype}>")(
+        _libs.grid(total), (_tuning.BLOCK,), (flat, piv0, np.int64(total), np.int64(m), first_bad)
+    )
+    bad = first_bad.get()[0]  # one 8-byte copy: the error must be raised on the host
+    if bad != _NO_BAD:
+        where = np.unravel_index(int(bad), pivots.shape)
+        value = int(flat.reshape(-1)[int(bad)].get())
+        raise PivotError(
+            "pivots",
+            f"value {value} at index {tuple(int(i) for i in where)} is outside [1, {m}] "
+            "(pivots are LAPACK's 1-based row indices)",
+        )
+    return piv0
+
+
+def own_pivots(pivots: cp.ndarray) -> cp.ndarray:
+    """0-based int32 pivots, shape ``(batch, k)``, from pivots ``lu_core`` produced (trusted)."""
+    nb, k = math.prod(pivots.shape[:-1]), pivots.shape[-1]
+    return pivots.reshape(nb, k).astype(cp.int32) - np.int32(1)
+
+
+def permutations(piv0: cp.ndarray, m: int) -> cp.ndarray:
+    """Row orders (int32, ``(batch, m)``) from 0-based pivots: one launch for the whole batch."""
+    nb, k = piv0.shape
+    perm = cp.empty((nb, m), dtype=cp.int32)
+    if not perm.size:
+        return perm
+    args = (piv0, perm, np.int64(nb), np.int32(k), np.int32(m))
+    blocks = (min(nb, 65535 * 16),)
+    if m <= _SMALL_M:
+        _sources.kernel("kernels.cu", "perm_small")(_libs.grid(nb), (_tuning.BLOCK,), args)
+    elif m <= _SHARED_M:
+        _sources.kernel("kernels.cu", "perm_shared")(blocks, (256,), args, shared_mem=4 * m)
+    else:
+        _sources.kernel("kernels.cu", "perm_global")(blocks, (256,), args)
+    return perm

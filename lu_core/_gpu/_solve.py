@@ -1,0 +1,213 @@
+"""The GPU solve with a factorization: no copy of a broadcast LU, no Python loop over problems.
+
+Every path starts with one ``gather_rhs`` launch that reads ``B`` through its
+strides and the broadcast (never materialised) and writes the right-hand sides
+as contiguous vectors, conjugated where ``X A^H = B`` needs it and, for the
+trsm path of ``A X = B``, already permuted. Then:
+
+* ``n <= 32``: our warp-per-vector ``small_getrs`` (pivots applied in registers);
+* a single problem: cuSOLVER ``getrs``;
+* few right-hand sides, ``n <= 128``: cuBLAS ``getrsBatched``;
+* otherwise: two cuBLAS ``trsmBatched`` calls (BLAS-3), plus ``scatter_rows``
+  for the inverse permutation of the transposed / adjoint solve.
+
+Problem ``t`` uses factorization ``lu_index[t]``: the batched routines get
+repeated pointers into ``LU``, the kernels an index, so a broadcast ``LU`` is
+never copied.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cupy as cp
+import numpy as np
+
+from lu_core._gpu import _libs, _sources, _tuning
+from lu_core._gpu._broadcast import block_offsets, element_strides
+from lu_core._gpu._libs import cublas, cusolver
+from lu_core._gpu._pivots import permutations
+
+_N, _T, _C = 0, 1, 2  # op(A): A, A^T, A^H (our kernels' codes)
+_CUBLAS_OP = {_N: "CUBLAS_OP_N", _T: "CUBLAS_OP_T", _C: "CUBLAS_OP_C"}
+
+
+def _offsets(rhs: cp.ndarray, out_batch: tuple[int, ...]) -> tuple[cp.ndarray, cp.ndarray, int, int]:
+    """``rhs`` (or a contiguous copy, where its strides are not whole elements), each problem's
+    block offset on the device, and the element strides of its right-hand-side and row axes."""
+    strides = element_strides(rhs.strides, rhs.dtype.itemsize)
+    if strides is None:
+        rhs = cp.ascontiguousarray(rhs)
+        strides = element_strides(rhs.strides, rhs.dtype.itemsize)
+    offsets = block_offsets(tuple(rhs.shape[:-2]), strides[:-2], out_batch)
+    return rhs, cp.asarray(offsets), strides[-2], strides[-1]
+
+
+def lu_solve(
+    lu: cp.ndarray,
+    piv0: cp.ndarray,
+    b: cp.ndarray,
+    lu_index: np.ndarray,
+    out_batch: tuple[int, ...],
+    left: bool,
+    adjoint: bool,
+) -> cp.ndarray:
+    n = lu.shape[-1]
+    nlu = math.prod(lu.shape[:-2])
+    dt = lu.dtype
+    st = lu.reshape(nlu, n, n).swapaxes(1, 2)
+    s = st if st.flags.c_contiguous else cp.ascontiguousarray(st)  # column-major per matrix
+    complex_ = dt.kind == "c"
+    if left:
+        rhs = b.swapaxes(-1, -2)  # (*batch, nrhs, n): right-hand sides as rows
+        op = (_C if complex_ else _T) if adjoint else _N
+        conj_io = False
+    else:
+        # X A = B  <=>  A^T X^T = B^T;  X A^H = B  <=>  A conj(X)^T = conj(B)^T.
+        rhs = b
+        op = _N if adjoint else _T
+        conj_io = adjoint and complex_
+    nrhs = rhs.shape[-2]
+    nprob = math.prod(out_batch)
+    w = cp.empty((*out_batch, nrhs, n), dtype=dt)
+    w3 = w.reshape(nprob, nrhs, n)
+    if not w3.size:
+        return w.swapaxes(-1, -2) if left else w
+    if n > _tuning.SMALL_SOLVE_MAX_N:  # the libraries index with 32-bit integers; our kernels do not
+        _libs.check_int32("LU", n, n)
+        _libs.check_int32("B", n, nrhs)
+    index = cp.asarray(lu_index, dtype=cp.int64)
+    trsm = n > _tuning.SMALL_SOLVE_MAX_N and nprob > 1 and not _getrs_batched_fits(n, nrhs)
+    perm = permutations(piv0, n) if trsm else None
+    _gather(rhs, out_batch, w3, perm if op == _N else None, index, conj_io)
+    if n <= _tuning.SMALL_SOLVE_MAX_N:
+        _small(s, piv0, index, w3, op)
+    elif nprob == 1:
+        _getrs_cusolver(s, piv0, int(lu_index[0]), w3, op)
+    elif not trsm:
+        _getrs_batched(s, piv0, index, w3, op)
+    else:
+        _trsm_batched(s, index, w3, op)
+        if op != _N:
+            out = cp.empty_like(w)
+            out3 = out.reshape(nprob, nrhs, n)
+            fn = _sources.kernel("kernels.cu", f"scatter_rows<{_sources.CTYPE[dt]}>")
+            fn(
+                _libs.grid(w3.size),
+                (_tuning.BLOCK,),
+                (w3, out3, perm, index, np.int64(nprob), np.int32(nrhs), np.int32(n)),
+            )
+            w, w3 = out, out3
+    if conj_io:
+        cp.conjugate(w3, out=w3)
+    return w.swapaxes(-1, -2) if left else w
+
+
+def _getrs_batched_fits(n: int, nrhs: int) -> bool:
+    return n <= _tuning.GETRS_BATCHED_MAX_N and nrhs <= _tuning.GETRS_BATCHED_MAX_NRHS
+
+
+def _gather(
+    rhs: cp.ndarray,
+    out_batch: tuple[int, ...],
+    w3: cp.ndarray,
+    perm: cp.ndarray | None,
+    index: cp.ndarray,
+    conjugate: bool,
+) -> None:
+    nprob, nrhs, n = w3.shape
+    src, offsets, s_rhs, s_row = _offsets(rhs, out_batch)
+    dummy = cp.empty(1, dtype=cp.int32)
+    fn = _sources.kernel("kernels.cu", f"gather_rhs<{_sources.CTYPE[w3.dtype]}>")
+    fn(
+        _libs.grid(w3.size),
+        (_tuning.BLOCK,),
+        (
+            src,
+            offsets,
+            np.int64(s_rhs),
+            np.int64(s_row),
+            w3,
+            perm if perm is not None else dummy,
+            index,
+            np.int64(nprob),
+            np.int32(nrhs),
+            np.int32(n),
+            np.int32(perm is not None),
+            np.int32(conjugate),
+        ),
+    )
+
+
+def _small(s: cp.ndarray, piv0: cp.ndarray, index: cp.ndarray, w3: cp.ndarray, op: int) -> None:
+    nprob, nrhs, n = w3.shape
+    fn = _sources.kernel("small_lu.cu", f"small_getrs<{_sources.CTYPE[w3.dtype]}>")
+    warps_per_block = _tuning.SMALL_BLOCK // _sources.WARP
+    fn(
+        _libs.grid(nprob * nrhs, warps_per_block),
+        (_tuning.SMALL_BLOCK,),
+        (s, piv0, index, w3, np.int64(nprob), np.int32(nrhs), np.int32(n), np.int32(op)),
+    )
+
+
+def _pointers(base: cp.ndarray, index: cp.ndarray, step_bytes: int) -> cp.ndarray:
+    """``base + index * step``: a batched routine's pointer array; a repeated index repeats a matrix."""
+    return index.astype(cp.uint64) * np.uint64(step_bytes) + np.uint64(base.data.ptr)
+
+
+def _getrs_cusolver(s: cp.ndarray, piv0: cp.ndarray, f: int, w3: cp.ndarray, op: int) -> None:
+    _, nrhs, n = w3.shape
+    piv1 = piv0[f] + np.int32(1)  # our 0-based -> LAPACK's 1-based, for the library only
+    dev_info = cp.empty(1, dtype=cp.int32)
+    getattr(cusolver, f"{_libs.prefix(s.dtype)}getrs")(
+        _libs.solver_handle(),
+        getattr(cublas, _CUBLAS_OP[op]),
+        n,
+        nrhs,
+        s[f].data.ptr,
+        n,
+        piv1.data.ptr,
+        w3.data.ptr,
+        n,
+        dev_info.data.ptr,
+    )
+
+
+def _getrs_batched(s: cp.ndarray, piv0: cp.ndarray, index: cp.ndarray, w3: cp.ndarray, op: int) -> None:
+    nprob, nrhs, n = w3.shape
+    item = s.dtype.itemsize
+    a_ptrs = _pointers(s, index, n * n * item)
+    b_ptrs = _pointers(w3, cp.arange(nprob, dtype=cp.int64), nrhs * n * item)
+    ipiv = piv0[index] + np.int32(1)  # pivots per problem (n ints each; the LU itself is not copied)
+    info = np.zeros(1, dtype=np.int32)  # cuBLAS reports argument errors here, on the host
+    getattr(cublas, f"{_libs.prefix(s.dtype)}getrsBatched")(
+        _libs.blas_handle(),
+        getattr(cublas, _CUBLAS_OP[op]),
+        n,
+        nrhs,
+        a_ptrs.data.ptr,
+        n,
+        ipiv.data.ptr,
+        b_ptrs.data.ptr,
+        n,
+        info.ctypes.data,
+        nprob,
+    )
+
+
+def _trsm_batched(s: cp.ndarray, index: cp.ndarray, w3: cp.ndarray, op: int) -> None:
+    """``A X = B`` (gathered already permuted): ``L^-1`` then ``U^-1``. ``op(A) X = B``:
+    ``op(U)^-1`` then ``op(L)^-1``, the caller applying the inverse permutation after."""
+    nprob, nrhs, n = w3.shape
+    item = s.dtype.itemsize
+    a_ptrs = _pointers(s, index, n * n * item)
+    b_ptrs = _pointers(w3, cp.arange(nprob, dtype=cp.int64), nrhs * n * item)
+    one = np.ones(1, dtype=s.dtype)  # alpha, a host pointer (the handle is in host pointer mode)
+    trsm = getattr(cublas, f"{_libs.prefix(s.dtype)}trsmBatched")
+    handle = _libs.blas_handle()
+    side, lower, upper = cublas.CUBLAS_SIDE_LEFT, cublas.CUBLAS_FILL_MODE_LOWER, cublas.CUBLAS_FILL_MODE_UPPER
+    unit, non_unit = cublas.CUBLAS_DIAG_UNIT, cublas.CUBLAS_DIAG_NON_UNIT
+    trans = getattr(cublas, _CUBLAS_OP[op])
+    steps = [(lower, unit), (upper, non_unit)] if op == _N else [(upper, non_unit), (lower, unit)]
+    for uplo, diag in steps:
+        trsm(handle, side, uplo, trans, diag, n, nrhs, one.ctypes.data, a_ptrs.data.ptr, n, b_ptrs.data.ptr, n, nprob)

@@ -1,0 +1,104 @@
+"""The GPU backend's CUDA sources and how they are compiled and cached.
+
+Every ``.cu`` file beside this module is compiled by NVRTC through
+``cupy.RawModule`` with its options from :data:`SOURCES`, after CuPy's
+``<cupy/complex.cuh>``, and instantiated per dtype with its name expressions; the
+test suite compiles the very ``RawModule`` objects :func:`raw_module` builds
+(tests/lu_core/_gpu/test_cuda_sources.py), so what CI compiles is what runs.
+Compiled modules are memoised per device, kernel function objects per device
+and name, so a launch costs no lookup.
+
+This module needs CuPy but neither a GPU nor cuBLAS / cuSOLVER.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+from typing import Any
+
+import cupy as cp
+import numpy as np
+
+#: NVRTC options. CuPy 14 bundles CCCL, whose Thrust (behind
+#: ``<cupy/complex.cuh>``) refuses anything older than C++17: the
+#: ``-std=c++14`` used before stopped every kernel with ``#error``.
+OPTIONS: tuple[str, ...] = ("-std=c++17",)
+
+#: The small factorization and solve also keep every multiply and subtract
+#: separately rounded (no fused multiply-add), as the CPU backend's kernels do,
+#: so that rounding, and hence the pivot choice among near-ties, is the same
+#: on both devices. Their cost is latency and shuffles, not arithmetic.
+SMALL_OPTIONS: tuple[str, ...] = (*OPTIONS, "--fmad=false")
+
+#: Prepended to every source: CuPy's ``complex<T>``.
+PRELUDE = "#include <cupy/complex.cuh>\n"
+
+CTYPE = {
+    np.dtype(np.float32): "float",
+    np.dtype(np.float64): "double",
+    np.dtype(np.complex64): "complex<float>",
+    np.dtype(np.complex128): "complex<double>",
+}
+PIVOT_CTYPE = {
+    (1, True): "signed char",
+    (1, False): "unsigned char",
+    (2, True): "short",
+    (2, False): "unsigned short",
+    (4, True): "int",
+    (4, False): "unsigned int",
+    (8, True): "long long",
+    (8, False): "unsigned long long",
+}
+
+#: Rows of a small factorization are the lanes of one warp.
+WARP = 32
+
+
+def _generic_names() -> tuple[str, ...]:
+    names = ["perm_small", "perm_shared", "perm_global"]
+    for kernel in ("unpack", "gather_rhs", "scatter_rows", "nopivot_refactor"):
+        names += [f"{kernel}<{t}>" for t in CTYPE.values()]
+    names += [f"check_pivots<{t}>" for t in PIVOT_CTYPE.values()]
+    return tuple(names)
+
+
+def _small_names() -> tuple[str, ...]:
+    names = [f"small_getrf<{t}>" for t in CTYPE.values()]
+    names += [f"small_getrs<{t}>" for t in CTYPE.values()]
+    return tuple(names)
+
+
+#: Each CUDA source: its NVRTC options and the kernel instantiations the backend asks of it.
+SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "kernels.cu": (OPTIONS, _generic_names()),
+    "small_lu.cu": (SMALL_OPTIONS, _small_names()),
+}
+
+_HERE = pathlib.Path(__file__).parent
+
+
+def raw_module(source: str) -> cp.RawModule:
+    """The (not yet compiled) ``RawModule`` of ``source``, exactly as the backend compiles it."""
+    code = PRELUDE + (_HERE / source).read_text()
+    options, names = SOURCES[source]
+    return cp.RawModule(code=code, options=options, name_expressions=names)
+
+
+@functools.cache
+def _module(source: str, device_id: int) -> cp.RawModule:
+    with cp.cuda.Device(device_id):
+        module = raw_module(source)
+        module.compile()  # NVRTC once per device; CuPy also caches the cubin on disk
+    return module
+
+
+@functools.cache
+def _function(source: str, name: str, device_id: int) -> Any:
+    with cp.cuda.Device(device_id):
+        return _module(source, device_id).get_function(name)
+
+
+def kernel(source: str, name: str) -> Any:
+    """The compiled kernel ``name`` (a name expression of ``source``) on the current device."""
+    return _function(source, name, cp.cuda.Device().id)

@@ -1,0 +1,200 @@
+// Batched LU and LU solve for small matrices (m, n <= 32): one warp per
+// matrix (in shared memory) or per right-hand side (in registers, moved by
+// warp shuffles). This is where a batch of tiny matrices is cheap: no library
+// call per matrix, no shared memory, no pointer arrays.
+//
+// Compiled with NVRTC through cupy.RawModule after <cupy/complex.cuh>;
+// instantiated per dtype T (float, double, complex<float>, complex<double>).
+//
+// Storage: column-major per matrix (a(i, j) at s[b * m * n + j * m + i]), the
+// layout of cuSOLVER, cuBLAS, LAPACK and our CPU backend; lane i of the warp
+// owns row i, so each column load / store is coalesced.
+//
+// Numerics follow the CPU backend's getrf / getrs kernels (LAPACK's getf2 /
+// getrs order): the pivot is the first entry of largest |re| + |im| at or
+// below the diagonal (LAPACK's i?amax), an exact zero pivot records info and
+// skips the scaling, the multipliers are scaled by the reciprocal of the pivot,
+// and updates with an exact zero factor are skipped (so 0 * Inf never makes a
+// NaN that LAPACK would not make).
+
+#define LU_CORE_FULL_MASK 0xffffffffu
+
+template <typename T>
+__device__ __forceinline__ T abs1(T x) {
+    return fabs(x);
+}
+template <typename T>
+__device__ __forceinline__ T abs1(complex<T> x) {
+    return fabs(x.real()) + fabs(x.imag());
+}
+
+template <typename T>
+__device__ __forceinline__ T maybe_conj_small(T x, int) {
+    return x;
+}
+template <typename T>
+__device__ __forceinline__ complex<T> maybe_conj_small(complex<T> x, int c) {
+    return c ? conj(x) : x;
+}
+
+__device__ __forceinline__ float shfl(float v, int src) {
+    return __shfl_sync(LU_CORE_FULL_MASK, v, src);
+}
+__device__ __forceinline__ double shfl(double v, int src) {
+    return __shfl_sync(LU_CORE_FULL_MASK, v, src);
+}
+template <typename T>
+__device__ __forceinline__ complex<T> shfl(complex<T> v, int src) {
+    return complex<T>(shfl(v.real(), src), shfl(v.imag(), src));
+}
+
+// LAPACK's pivot choice across the warp: lane k holds the diagonal candidate,
+// lanes k+1 .. m-1 the entries below it. i?amax scans from k keeping the first
+// strictly larger |.|; so a NaN diagonal stays the pivot, a NaN below it is
+// never chosen, and ties go to the smallest index. The butterfly below takes
+// the maximum of (value, -index), which is that same choice, on every lane.
+template <typename R>
+__device__ __forceinline__ int warp_pivot(R mag, int lane, int k, int m) {
+    const R at_k = __shfl_sync(LU_CORE_FULL_MASK, mag, k);
+    if (at_k != at_k) return k;  // NaN diagonal: nothing compares greater
+    R v = (lane >= k && lane < m && mag == mag) ? mag : R(-1);
+    int idx = lane;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        const R ov = __shfl_xor_sync(LU_CORE_FULL_MASK, v, off);
+        const int oi = __shfl_xor_sync(LU_CORE_FULL_MASK, idx, off);
+        if (ov > v || (ov == v && oi < idx)) {
+            v = ov;
+            idx = oi;
+        }
+    }
+    return idx;
+}
+
+// LU of nbatch m x n matrices (m, n <= 32) in place in s, with 1-based LAPACK
+// pivots (piv, nbatch x min(m, n)) and info per matrix. Without pivoting the
+// pivots are still written (1 .. k, as PyTorch does).
+//
+// Each warp copies its matrix to its slice of dynamic shared memory (32 x n,
+// column-major, leading dimension 32: lane i's row is bank-conflict free),
+// factors it there and copies it back. Lane i owns row i; the pivot row is
+// read by every lane at once (a broadcast), and the row swap is spread over
+// the lanes by column. Loops are not unrolled: one instantiation per dtype
+// compiles in seconds and serves every n <= 32.
+// Launch: blockDim.x = 32 * warps, shared memory = warps * 32 * n * sizeof(T).
+template <typename T>
+__global__ void small_getrf(T* __restrict__ s, int* __restrict__ piv, int* __restrict__ info, long long nbatch,
+                            int m, int n, int pivot) {
+    typedef decltype(abs1(T())) R;
+    extern __shared__ __align__(16) unsigned char small_getrf_shared[];
+    const int lane = threadIdx.x & 31;
+    T* sh = reinterpret_cast<T*>(small_getrf_shared) + (threadIdx.x >> 5) * 32 * n;  // this warp's matrix
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+    const int kk = m < n ? m : n;
+    const bool mine = lane < m;
+    for (long long b = warp; b < nbatch; b += nwarps) {  // uniform per warp: full-mask shuffles are safe
+        T* a = s + b * (long long)m * n;
+        for (int c = 0; c < n; ++c) sh[c * 32 + lane] = mine ? a[(long long)c * m + lane] : T(0);
+        __syncwarp();
+        int first_zero = 0;
+        for (int k = 0; k < kk; ++k) {
+            int p = k;
+            if (pivot) {
+                p = warp_pivot<R>(abs1(sh[k * 32 + lane]), lane, k, m);
+                if (p != k) {  // uniform: every lane got the same p
+                    for (int c = lane; c < n; c += 32) {
+                        const T t = sh[c * 32 + k];
+                        sh[c * 32 + k] = sh[c * 32 + p];
+                        sh[c * 32 + p] = t;
+                    }
+                    __syncwarp();
+                }
+            }
+            if (lane == 0) piv[b * kk + k] = p + 1;  // LAPACK's 1-based pivots, out
+            const T d = sh[k * 32 + k];
+            if (d == T(0)) {
+                if (first_zero == 0) first_zero = k + 1;
+            } else if (mine && lane > k) {
+                sh[k * 32 + lane] = sh[k * 32 + lane] * (T(1) / d);
+            }
+            if (mine && lane > k) {
+                const T l = sh[k * 32 + lane];
+                for (int c = k + 1; c < n; ++c) {
+                    const T u = sh[c * 32 + k];  // the pivot row: same address on every lane
+                    if (u != T(0)) sh[c * 32 + lane] -= l * u;
+                }
+            }
+            __syncwarp();
+        }
+        if (mine) {
+            for (int c = 0; c < n; ++c) a[(long long)c * m + lane] = sh[c * 32 + lane];
+        }
+        if (lane == 0) info[b] = first_zero;
+        __syncwarp();
+    }
+}
+
+// Solve with small factorizations (n <= 32), in place on right-hand sides
+// w[t, r, :] (length n, contiguous): one warp per right-hand side, lane i
+// holding x[i]. Problem t uses factorization lu_index[t] (s: column-major
+// n x n matrices, piv0: 0-based pivots), so a broadcast LU is read, never
+// copied. trans: 0 solves A x = b, 1 A^T x = b, 2 A^H x = b.
+template <typename T>
+__global__ void small_getrs(const T* __restrict__ s, const int* __restrict__ piv0,
+                            const long long* __restrict__ lu_index, T* __restrict__ w, long long nprob, int nrhs,
+                            int n, int trans) {
+    const int lane = threadIdx.x & 31;
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
+    const long long nvec = nprob * nrhs;
+    const bool mine = lane < n;
+    const int cj = trans == 2;
+    for (long long v = warp; v < nvec; v += nwarps) {  // uniform per warp
+        const long long f = lu_index[v / nrhs];
+        const T* a = s + f * (long long)n * n;  // a(i, j) = a[j * n + i]
+        const int* p = piv0 + f * n;
+        T* xv = w + v * n;
+        T x = mine ? xv[lane] : T(0);
+        if (trans == 0) {
+            for (int i = 0; i < n; ++i) {  // x = P^T b: the swaps in order
+                const int q = p[i];
+                if (q != i) {
+                    const T xi = shfl(x, i);
+                    const T xq = shfl(x, q);
+                    if (lane == i) x = xq;
+                    if (lane == q) x = xi;
+                }
+            }
+            for (int j = 0; j < n; ++j) {  // L y = x, unit diagonal
+                const T xj = shfl(x, j);
+                if (xj != T(0) && mine && lane > j) x -= a[(long long)j * n + lane] * xj;
+            }
+            for (int j = n - 1; j >= 0; --j) {  // U x = y
+                if (lane == j) x = x / a[(long long)j * n + j];
+                const T xj = shfl(x, j);
+                if (xj != T(0) && lane < j) x -= a[(long long)j * n + lane] * xj;
+            }
+        } else {
+            for (int j = 0; j < n; ++j) {  // op(U) y = b: op(U) is lower triangular
+                if (lane == j) x = x / maybe_conj_small(a[(long long)j * n + j], cj);
+                const T xj = shfl(x, j);
+                if (xj != T(0) && mine && lane > j) x -= maybe_conj_small(a[(long long)lane * n + j], cj) * xj;
+            }
+            for (int j = n - 1; j >= 0; --j) {  // op(L) z = y: unit upper triangular
+                const T xj = shfl(x, j);
+                if (xj != T(0) && lane < j) x -= maybe_conj_small(a[(long long)lane * n + j], cj) * xj;
+            }
+            for (int i = n - 1; i >= 0; --i) {  // x = P z: the swaps in reverse
+                const int q = p[i];
+                if (q != i) {
+                    const T xi = shfl(x, i);
+                    const T xq = shfl(x, q);
+                    if (lane == i) x = xq;
+                    if (lane == q) x = xi;
+                }
+            }
+        }
+        if (mine) xv[lane] = x;
+    }
+}

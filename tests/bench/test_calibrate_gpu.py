@@ -1,0 +1,57 @@
+"""``python -m bench.calibrate_gpu``: says "no CUDA device" and exits 0 where there is none;
+suggests table entries from its measurements; runs a quick grid on a device."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from bench import calibrate_gpu, core_gpu
+
+
+@pytest.mark.skipif(core_gpu.available() is None, reason="a CUDA device is visible: the gpu test below runs instead")
+def test_without_a_device_it_says_so_and_succeeds(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.calibrate_gpu", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "no CUDA device" in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_is_required():
+    with pytest.raises(SystemExit) as stop:
+        calibrate_gpu.main([])
+    assert stop.value.code == 2
+
+
+def test_suggestions_follow_the_fastest_path():
+    factor = [
+        {"dtype": "float64", "n": 16, "batch": 64, "own": 1.0, "getrfBatched": 2.0, "cusolver": 9.0},
+        {"dtype": "float64", "n": 32, "batch": 64, "own": 3.0, "getrfBatched": 2.0, "cusolver": 9.0},
+        {"dtype": "float64", "n": 64, "batch": 64, "getrfBatched": 2.0, "cusolver": 9.0},
+        {"dtype": "float64", "n": 512, "batch": 64, "getrfBatched": 9.0, "cusolver": 2.0},
+    ]
+    solve = [
+        {"dtype": "float64", "n": 8, "batch": 8, "nrhs": 1, "own": 1.0, "getrsBatched": 2.0, "trsmBatched": 3.0},
+        {"dtype": "float64", "n": 64, "batch": 8, "nrhs": 2, "getrsBatched": 1.0, "trsmBatched": 3.0},
+        {"dtype": "float64", "n": 96, "batch": 8, "nrhs": 16, "getrsBatched": 5.0, "trsmBatched": 3.0},
+    ]
+    s = calibrate_gpu.suggest(factor, solve)
+    assert s["SMALL_FACTOR_MAX_N"] == 16 and s["SMALL_SOLVE_MAX_N"] == 8
+    assert s["GETRS_BATCHED_MAX_N"] == 64 and s["GETRS_BATCHED_MAX_NRHS"] == 2
+    assert s["getrfBatched largest winning n per (dtype, batch)"] == {("float64", 64): 64}
+    text = calibrate_gpu.report("Test GPU", factor, solve, s)
+    assert "| float64 | 512 | 64 |  | 9000.000 | 2000.000 | cusolver |" in text
+
+
+@pytest.mark.gpu
+def test_quick_calibration_on_a_device(tmp_path):
+    assert calibrate_gpu.main(["--out", str(tmp_path), "--quick"]) == 0
+    (report,) = tmp_path.glob("calibrate-gpu-*.md")
+    assert "SMALL_FACTOR_MAX_N" in report.read_text()
