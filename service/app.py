@@ -20,7 +20,7 @@ from service.errors import install_handlers
 from service.metrics import Metrics
 from service.middleware import RequestMiddleware
 from service.operations import OPERATIONS
-from service.routes import docs, health, native, v2
+from service.routes import docs, factorizations, health, native, v2
 from service.worker import DeviceWorker
 
 __all__ = ["create_app"]
@@ -73,7 +73,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ready.set()
         log.info("ready on the %s (%s)", device.kind.upper(), device.name, extra={"device": device.describe()})
         try:
-            yield
+            async with factorizations.sweeping(app.state.store):
+                yield
         finally:
             ready.clear()
             # uvicorn has already drained in-flight requests; finish whatever is still queued.
@@ -103,5 +104,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(v2.router)
     app.include_router(native.router)
     app.include_router(docs.router)
+    factorizations.install(app, settings, device, metrics)
     app.add_middleware(RequestMiddleware, settings=settings, budget=budget, metrics=metrics)
     return app

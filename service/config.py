@@ -117,6 +117,15 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log threshold.")
     log_json: bool = Field(True, description="One JSON object per log line (False: plain text, for a terminal).")
     graceful_shutdown_s: float = Field(30.0, ge=0, description="How long shutdown waits for in-flight requests.")
+    store_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="Bytes of stored factorizations (LRU eviction beyond); default 1 GiB on the CPU, "
+        "a quarter of the device's memory on a GPU; 0 stores nothing.",
+    )
+    store_ttl_s: float = Field(
+        3600.0, ge=0, description="Seconds a stored factorization may stay unused before it expires; 0: never."
+    )
 
     @field_validator("api_key")
     @classmethod

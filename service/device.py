@@ -5,7 +5,8 @@ otherwise the CPU, saying why in the log and in ``/readyz``. ``LU_DEVICE=gpu``
 refuses to start without a GPU. The worker thread calls :meth:`Device.run`:
 on the GPU that copies NumPy inputs in once on the worker's own CUDA stream,
 computes with CuPy arrays (``lu_core`` dispatches on them) and copies the
-results out once.
+results out once. Outputs wrapped in :class:`Resident` stay where they were
+computed (the factorization store keeps them on the device).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from service.config import Settings
 
-__all__ = ["CpuDevice", "Device", "DeviceUnavailableError", "GpuDevice", "select_device"]
+__all__ = ["CpuDevice", "Device", "DeviceUnavailableError", "GpuDevice", "Resident", "select_device"]
 
 log = logging.getLogger("service.device")
 
@@ -29,6 +30,15 @@ Compute = Callable[[Mapping[str, Any], Mapping[str, bool]], dict[str, Any]]
 
 class DeviceUnavailableError(RuntimeError):
     """``LU_DEVICE=gpu`` was asked for and no GPU is usable."""
+
+
+class Resident:
+    """An output that :meth:`Device.run` hands back where it was computed, without copying it out."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
 
 
 def _version(dist: str) -> str | None:
@@ -108,7 +118,10 @@ class GpuDevice(Device):
         with self._stream:
             on_device = {k: cp.asarray(v) for k, v in tensors.items()}
             out = compute(on_device, options)
-            host = {k: None if v is None else cp.asnumpy(v, stream=self._stream) for k, v in out.items()}
+            host = {
+                k: v if v is None or isinstance(v, Resident) else cp.asnumpy(v, stream=self._stream)
+                for k, v in out.items()
+            }
             self._stream.synchronize()
         return host
 
@@ -125,6 +138,10 @@ class GpuDevice(Device):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "index": self.index, "memory_bytes": self._memory}
+
+    @property
+    def memory_bytes(self) -> int:
+        return self._memory
 
     def versions(self) -> dict[str, str | None]:
         runtime = self._cp.cuda.runtime.runtimeGetVersion()

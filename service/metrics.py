@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from service.budget import MemoryBudget
@@ -67,5 +70,29 @@ class Metrics:
             lambda: budget.peak
         )
 
+    def watch_store(self, store: Any) -> None:
+        """Export a :class:`service.store.FactorizationStore`'s counters, read at each scrape."""
+        self.registry.register(_StoreCollector(store))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _StoreCollector(Collector):
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        self.store.expire()  # a scrape sees (and frees) what has expired since the last request
+        s = self.store.stats
+        yield GaugeMetricFamily("lu_store_bytes", "Bytes of stored factorizations.", value=s.bytes)
+        yield GaugeMetricFamily("lu_store_limit_bytes", "LU_STORE_BYTES.", value=self.store.limit_bytes)
+        yield GaugeMetricFamily("lu_store_entries", "Stored factorizations.", value=s.entries)
+        yield CounterMetricFamily("lu_store_hits", "Lookups that found their factorization.", value=s.hits)
+        yield CounterMetricFamily("lu_store_misses", "Lookups answered 404 unknown_factorization.", value=s.misses)
+        yield CounterMetricFamily(
+            "lu_store_evictions", "Factorizations evicted (least recently used).", value=s.evictions
+        )
+        yield CounterMetricFamily(
+            "lu_store_expiries", "Factorizations expired after LU_STORE_TTL_S idle.", value=s.expiries
+        )

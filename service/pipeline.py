@@ -27,7 +27,7 @@ from service.middleware import reservation_of
 from service.operations import Operation
 from service.transport import BodyResponse, offload, read_body, request_format
 
-__all__ = ["serve_native", "serve_v2"]
+__all__ = ["decode_native", "encode_native", "serve_native", "serve_v2"]
 
 
 def _itemsize(decoded: Decoded) -> int:
@@ -64,12 +64,22 @@ async def _decode(request: Request, decode_json: Callable[[memoryview | bytes, i
     return await offload(len(body), decode_json, body, limit)
 
 
-async def serve_native(request: Request, op: Operation) -> BodyResponse:
-    decoded = await _decode(request, lambda body, limit: decode_native_json(body, op.inputs, limit))
-    outputs = await _compute(request, op, decoded)
-    if decoded.binary:
+async def decode_native(request: Request, tensor_names: tuple[str, ...]) -> Decoded:
+    """A native request body (JSON keys in ``tensor_names`` are tensors, the others options)."""
+    return await _decode(request, lambda body, limit: decode_native_json(body, tensor_names, limit))
+
+
+async def encode_native(outputs: dict[str, Any], binary: bool) -> BodyResponse:
+    """The native answer: binary framing for a binary request, else JSON."""
+    if binary:
         return await _encode(outputs, encode_binary, outputs)
     return await _encode(outputs, encode_native_json, outputs)
+
+
+async def serve_native(request: Request, op: Operation) -> BodyResponse:
+    decoded = await decode_native(request, op.inputs)
+    outputs = await _compute(request, op, decoded)
+    return await encode_native(outputs, decoded.binary)
 
 
 async def serve_v2(request: Request, op: Operation, version: str) -> BodyResponse:

@@ -4,6 +4,8 @@ Methods mirror ``lu_core`` (``lu_factor``, ``lu_factor_ex``, ``lu_unpack``,
 ``lu_solve``, ``lu``, ``solve``), take NumPy arrays (or anything with
 ``__array__`` or DLPack: PyTorch tensors and CuPy arrays are copied to the host)
 and return NumPy arrays. Binary framing by default, JSON with ``binary=False``.
+``factorize(A)`` keeps a factorization on the server and returns a
+:class:`RemoteFactorization` whose ``solve`` sends only right-hand sides.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from lu_client._errors import (
     APITimeoutError,
     AuthenticationError,
     BadRequestError,
+    FactorizationNotFoundError,
     InternalServerError,
     LUClientError,
     NotFoundError,
@@ -27,6 +30,7 @@ from lu_client._errors import (
     UnprocessableEntityError,
     UnsupportedMediaTypeError,
 )
+from lu_client._factorization import AsyncRemoteFactorization, RemoteFactorization
 
 __version__ = "0.1.0"
 
@@ -36,14 +40,17 @@ __all__ = [
     "APIStatusError",
     "APITimeoutError",
     "AsyncLUClient",
+    "AsyncRemoteFactorization",
     "AuthenticationError",
     "BadRequestError",
+    "FactorizationNotFoundError",
     "InternalServerError",
     "LUClient",
     "LUClientError",
     "NotFoundError",
     "PayloadTooLargeError",
     "RateLimitError",
+    "RemoteFactorization",
     "RetryPolicy",
     "ServiceUnavailableError",
     "SingularMatrixError",

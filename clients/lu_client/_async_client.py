@@ -12,6 +12,7 @@ import numpy as np
 from lu_client._base import BaseClient, BodyBuffer, Call, vector_rhs
 from lu_client._codec import to_numpy
 from lu_client._errors import APIConnectionError, APIStatusError, APITimeoutError
+from lu_client._factorization import AsyncRemoteFactorization
 from lu_client._split import split
 
 __all__ = ["AsyncLUClient"]
@@ -89,6 +90,47 @@ class AsyncLUClient(BaseClient):
         X = out["X"]
         return (X[..., 0] if left else X[..., 0, :]) if vector else X
 
+    # ------------------------------------------------------------------ stored factorizations
+
+    async def factorize(
+        self, A: Any, *, name: str | None = None, pivot: bool = True, timeout: Any = None
+    ) -> AsyncRemoteFactorization:
+        """Factor ``A`` on the server and keep it there (see :meth:`LUClient.factorize`)."""
+        metadata = await self._send(self._put_call(name, A, pivot, timeout))
+        return AsyncRemoteFactorization(self, metadata["name"], metadata)
+
+    async def factorization(self, name: str, *, timeout: Any = None) -> AsyncRemoteFactorization:
+        return AsyncRemoteFactorization(self, name, await self.factorization_metadata(name, timeout=timeout))
+
+    async def factorization_metadata(self, name: str, *, timeout: Any = None) -> dict[str, Any]:
+        return await self._send(self._bodyless_call("GET", self._factorization_path(name), "json", timeout))
+
+    async def list_factorizations(self, *, timeout: Any = None) -> list[dict[str, Any]]:
+        return (await self._send(self._bodyless_call("GET", "/factorizations", "json", timeout)))["factorizations"]
+
+    async def solve_factorization(
+        self,
+        name: str,
+        B: Any,
+        *,
+        left: bool = True,
+        adjoint: bool = False,
+        check_errors: bool = True,
+        timeout: Any = None,
+    ) -> np.ndarray:
+        opts = {"left": left, "adjoint": adjoint, "check_errors": check_errors}
+        return (await self._send(self._stored_call(name, "/solve", {"B": B}, opts, timeout)))["X"]
+
+    async def unpack_factorization(
+        self, name: str, unpack_data: bool = True, unpack_pivots: bool = True, *, timeout: Any = None
+    ) -> tuple[np.ndarray | None, ...]:
+        opts = {"unpack_data": unpack_data, "unpack_pivots": unpack_pivots}
+        out = await self._send(self._stored_call(name, "/unpack", {}, opts, timeout))
+        return out.get("P"), out.get("L"), out.get("U")
+
+    async def delete_factorization(self, name: str, *, timeout: Any = None) -> None:
+        await self._send(self._bodyless_call("DELETE", self._factorization_path(name), "empty", timeout))
+
     # ------------------------------------------------------------------ I/O
 
     async def _run(
@@ -130,16 +172,16 @@ class AsyncLUClient(BaseClient):
         except (httpx.HTTPError, ValueError):
             self._set_limits(None)
 
-    async def _send(self, call: Call) -> dict[str, np.ndarray | None]:
+    async def _send(self, call: Call) -> Any:
         error: Exception | None = None
         for attempt in range(self.retry.max_retries + 1):
             response: httpx.Response | None = None
             try:
                 request = self._http.build_request(
-                    "POST",
+                    call.method,
                     self.base_url + call.path,
-                    content=_async_chunks(call),
-                    headers={**self._headers, **call.encoded.headers},
+                    content=None if call.encoded is None else _async_chunks(call),
+                    headers={**self._headers, **call.headers},
                     timeout=call.timeout,
                 )
                 response = await self._http.send(request, stream=True)
@@ -153,7 +195,7 @@ class AsyncLUClient(BaseClient):
                 error = APIConnectionError(f"{call.path}: {type(exc).__name__}: {exc}")
             else:
                 if response.status_code < 400:
-                    return self._decode(response, content)
+                    return self._answer(call, response, content)
                 error = self._error(response, content)
                 if not self._should_retry(response):
                     raise error

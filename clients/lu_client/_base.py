@@ -5,7 +5,9 @@ from __future__ import annotations
 import email.utils
 import json
 import random
+import secrets
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +15,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from lu_client._codec import Encoded, decode_response, encode_binary, encode_json, to_numpy
+from lu_client._codec import Encoded, decode_response, encode_binary, encode_json, from_json_tensor, to_numpy
 from lu_client._errors import APIStatusError, SingularMatrixError, status_error
 from lu_client._split import Limits
 
@@ -65,13 +67,23 @@ def _retry_after(value: str | None) -> float | None:
 
 @dataclass
 class Call:
-    """One request ready to send: where, what and how."""
+    """One request ready to send: where, what and how, and what its answer holds."""
 
     path: str
-    encoded: Encoded
+    encoded: Encoded | None  # None: no body
     timeout: httpx.Timeout | float | None
+    method: str = "POST"
+    answer: str = "tensors"  # "tensors", "json" (an object such as metadata) or "empty"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {} if self.encoded is None else self.encoded.headers
+
+    def content(self) -> Iterator[bytes | memoryview] | None:
+        return None if self.encoded is None else self.chunks()
 
     def chunks(self) -> Iterator[bytes | memoryview]:
+        assert self.encoded is not None
         for chunk in self.encoded.chunks:
             if isinstance(chunk, memoryview) and chunk.nbytes > CHUNK:
                 for start in range(0, chunk.nbytes, CHUNK):
@@ -118,6 +130,29 @@ class BaseClient:
         encoded = encode_binary(tensors, options) if self.binary else encode_json(tensors, options)
         return Call(f"/{op}", encoded, self.timeout if timeout is None else timeout)
 
+    def _factorization_path(self, name: str, action: str = "") -> str:
+        return f"/factorizations/{urllib.parse.quote(name, safe='')}{action}"
+
+    def _put_call(self, name: str | None, A: Any, pivot: bool, timeout: Any) -> Call:
+        name = new_name() if name is None else name
+        tensors = {"A": to_numpy(A, "A")}
+        options = {"pivot": pivot}
+        encoded = encode_binary(tensors, options) if self.binary else encode_json(tensors, options)
+        return Call(self._factorization_path(name), encoded, self._timeout(timeout), "PUT", "json")
+
+    def _stored_call(
+        self, name: str, action: str, tensors: Mapping[str, Any], options: Mapping[str, Any], timeout: Any
+    ) -> Call:
+        arrays = {k: to_numpy(v, k) for k, v in tensors.items()}
+        encoded = encode_binary(arrays, options) if self.binary else encode_json(arrays, options)
+        return Call(self._factorization_path(name, action), encoded, self._timeout(timeout))
+
+    def _bodyless_call(self, method: str, path: str, answer: str, timeout: Any) -> Call:
+        return Call(path, None, self._timeout(timeout), method, answer)
+
+    def _timeout(self, timeout: Any) -> Any:
+        return self.timeout if timeout is None else timeout
+
     def _needs_limits(self, tensors: Mapping[str, np.ndarray]) -> bool:
         return not self._limits_known and sum(a.nbytes for a in tensors.values()) > DISCOVER_BYTES
 
@@ -152,6 +187,13 @@ class BaseClient:
     @staticmethod
     def _decode(response: httpx.Response, content: bytes | bytearray) -> dict[str, np.ndarray | None]:
         return decode_response(content, response.headers)
+
+    def _answer(self, call: Call, response: httpx.Response, content: bytes | bytearray) -> Any:
+        if call.answer == "tensors":
+            return self._decode(response, content)
+        if call.answer == "json":
+            return json.loads(content)
+        return None
 
     @staticmethod
     def _raise_if_singular(info: np.ndarray, function: str) -> None:
@@ -191,6 +233,17 @@ class BodyBuffer:
 
     def result(self) -> bytes | bytearray:
         return self._buffer if self._got == len(self._buffer) else bytes(self._buffer[: self._got])
+
+
+def new_name() -> str:
+    """A random factorization name (96 bits: no collisions in practice)."""
+    return f"lu-{secrets.token_hex(12)}"
+
+
+def metadata_info(metadata: Mapping[str, Any]) -> np.ndarray | None:
+    """The ``info`` tensor of a factorization's metadata."""
+    info = metadata.get("info")
+    return None if info is None else from_json_tensor(info)
 
 
 def vector_rhs(A: np.ndarray, B: np.ndarray) -> bool:

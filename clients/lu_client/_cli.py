@@ -4,6 +4,9 @@
     lu-client lu_factor A.npy -o factors.npz          # LU, pivots, info
     lu-client lu_solve factors.npz B.npy -o X.npy     # an .npz input supplies its named arrays
     lu-client lu_unpack factors.npz -o plu.npz --no-pivots
+    lu-client factorization store A.npy --name sys1     # factor once, keep it on the server
+    lu-client factorization solve sys1 B.npy -o X.npy  # send only B
+    lu-client factorization delete sys1                 # also: list, show NAME
 
 The server is ``--url`` (or ``LU_URL``, default http://127.0.0.1:8000); the key is
 ``--api-key`` (or ``LU_API_KEY``). Errors print the server's message and request id
@@ -13,6 +16,7 @@ and exit with status 1 (2 for usage errors).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -86,7 +90,47 @@ def _parser() -> argparse.ArgumentParser:
             flag, text = FLAGS[option]
             sub.add_argument(flag, dest=option, action="store_const", const=not default, default=default, help=text)
         sub.set_defaults(canonical=op)
+    _stored_parser(ops)
     return parser
+
+
+def _stored_parser(ops: Any) -> None:
+    group = ops.add_parser("factorization", help="factorizations stored on the server: store, solve, delete, ...")
+    cmds = group.add_subparsers(dest="action", required=True, metavar="action")
+    store = cmds.add_parser("store", help="factor A.npy on the server; prints its metadata (JSON)")
+    store.add_argument("file", type=Path, help=".npy file holding A")
+    store.add_argument("--name", help="name to store it under (default: a random one, printed)")
+    store.add_argument("--no-pivot", dest="pivot", action="store_false", help=FLAGS["pivot"][1])
+    solve = cmds.add_parser("solve", help="solve with a stored factorization: B.npy -> X.npy")
+    solve.add_argument("name")
+    solve.add_argument("file", type=Path, help=".npy file holding B")
+    solve.add_argument("-o", "--output", type=Path, required=True, help=".npy file for X")
+    for option, default in DEFAULTS["lu_solve"].items():
+        flag, text = FLAGS[option]
+        solve.add_argument(flag, dest=option, action="store_const", const=not default, default=default, help=text)
+    delete = cmds.add_parser("delete", help="delete a stored factorization")
+    delete.add_argument("name")
+    show = cmds.add_parser("show", help="print a stored factorization's metadata (JSON)")
+    show.add_argument("name")
+    cmds.add_parser("list", help="print this API key's stored factorizations (JSON)")
+    group.set_defaults(canonical="factorization")
+
+
+def _stored(client: LUClient, args: argparse.Namespace) -> int:
+    if args.action == "store":
+        A = np.load(args.file, allow_pickle=False)
+        print(json.dumps(client.factorize(A, name=args.name, pivot=args.pivot).metadata))
+    elif args.action == "solve":
+        B = np.load(args.file, allow_pickle=False)
+        options = {k: getattr(args, k) for k in DEFAULTS["lu_solve"]}
+        np.save(args.output, client.solve_factorization(args.name, B, **options))
+    elif args.action == "delete":
+        client.delete_factorization(args.name)
+    elif args.action == "show":
+        print(json.dumps(client.factorization_metadata(args.name)))
+    else:
+        print(json.dumps(client.list_factorizations()))
+    return 0
 
 
 def _load(files: list[Path], names: tuple[str, ...]) -> dict[str, np.ndarray]:
@@ -136,9 +180,26 @@ def _call(client: LUClient, op: str, a: dict[str, np.ndarray], options: dict[str
     return {"X": client.solve(a["A"], a["B"], **options)}
 
 
+def _client(args: argparse.Namespace, progress: _Progress | None = None) -> LUClient:
+    return LUClient(
+        args.url, api_key=args.api_key, timeout=args.timeout, max_retries=args.retries, binary=not args.json,
+        on_progress=progress,
+    )  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     op = args.canonical
+    if op == "factorization":
+        try:
+            with _client(args) as client:
+                return _stored(client, args)
+        except (OSError, ValueError) as exc:
+            print(f"lu-client: cannot read input: {exc}", file=sys.stderr)
+            return 2
+        except LUClientError as exc:
+            print(f"lu-client: {exc}", file=sys.stderr)
+            return 1
     inputs, outputs = OPERATIONS[op]
     try:
         arrays = _load(args.files, inputs)
@@ -152,10 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     progress = _Progress(sys.stderr.isatty() if args.progress is None else args.progress)
     try:
-        with LUClient(
-            args.url, api_key=args.api_key, timeout=args.timeout, max_retries=args.retries, binary=not args.json,
-            on_progress=progress,
-        ) as client:  # fmt: skip
+        with _client(args, progress) as client:
             result = _call(client, op, arrays, options)
     except LUClientError as exc:
         print(f"lu-client: {exc}", file=sys.stderr)

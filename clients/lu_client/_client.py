@@ -12,6 +12,7 @@ import numpy as np
 from lu_client._base import BaseClient, BodyBuffer, Call, vector_rhs
 from lu_client._codec import to_numpy
 from lu_client._errors import APIConnectionError, APIStatusError, APITimeoutError
+from lu_client._factorization import RemoteFactorization
 from lu_client._split import split
 
 __all__ = ["LUClient"]
@@ -86,6 +87,56 @@ class LUClient(BaseClient):
         X = self._run("solve", {"A": a, "B": b}, {"left": left, "check_errors": check_errors}, timeout)["X"]
         return (X[..., 0] if left else X[..., 0, :]) if vector else X
 
+    # ------------------------------------------------------------------ stored factorizations
+
+    def factorize(
+        self, A: Any, *, name: str | None = None, pivot: bool = True, timeout: Any = None
+    ) -> RemoteFactorization:
+        """Factor ``A`` on the server and keep it there under ``name`` (random when None).
+
+        Returns a :class:`RemoteFactorization` whose ``solve`` sends only right-hand sides.
+        An existing factorization of that name (under this API key) is replaced.
+        """
+        call = self._put_call(name, A, pivot, timeout)
+        metadata = self._send(call)
+        return RemoteFactorization(self, metadata["name"], metadata)
+
+    def factorization(self, name: str, *, timeout: Any = None) -> RemoteFactorization:
+        """A handle on a factorization stored earlier (raises :class:`FactorizationNotFoundError` if gone)."""
+        return RemoteFactorization(self, name, self.factorization_metadata(name, timeout=timeout))
+
+    def factorization_metadata(self, name: str, *, timeout: Any = None) -> dict[str, Any]:
+        return self._send(self._bodyless_call("GET", self._factorization_path(name), "json", timeout))
+
+    def list_factorizations(self, *, timeout: Any = None) -> list[dict[str, Any]]:
+        """Metadata of this API key's stored factorizations, most recently used first."""
+        return self._send(self._bodyless_call("GET", "/factorizations", "json", timeout))["factorizations"]
+
+    def solve_factorization(
+        self,
+        name: str,
+        B: Any,
+        *,
+        left: bool = True,
+        adjoint: bool = False,
+        check_errors: bool = True,
+        timeout: Any = None,
+    ) -> np.ndarray:
+        """``lu_solve`` with the factorization stored as ``name``."""
+        opts = {"left": left, "adjoint": adjoint, "check_errors": check_errors}
+        return self._send(self._stored_call(name, "/solve", {"B": B}, opts, timeout))["X"]
+
+    def unpack_factorization(
+        self, name: str, unpack_data: bool = True, unpack_pivots: bool = True, *, timeout: Any = None
+    ) -> tuple[np.ndarray | None, ...]:
+        """``lu_unpack`` of the factorization stored as ``name``."""
+        opts = {"unpack_data": unpack_data, "unpack_pivots": unpack_pivots}
+        out = self._send(self._stored_call(name, "/unpack", {}, opts, timeout))
+        return out.get("P"), out.get("L"), out.get("U")
+
+    def delete_factorization(self, name: str, *, timeout: Any = None) -> None:
+        self._send(self._bodyless_call("DELETE", self._factorization_path(name), "empty", timeout))
+
     # ------------------------------------------------------------------ I/O
 
     def _run(
@@ -120,16 +171,16 @@ class LUClient(BaseClient):
         except (httpx.HTTPError, ValueError):
             self._set_limits(None)
 
-    def _send(self, call: Call) -> dict[str, np.ndarray | None]:
+    def _send(self, call: Call) -> Any:
         error: Exception | None = None
         for attempt in range(self.retry.max_retries + 1):
             response: httpx.Response | None = None
             try:
                 request = self._http.build_request(
-                    "POST",
+                    call.method,
                     self.base_url + call.path,
-                    content=call.chunks(),
-                    headers={**self._headers, **call.encoded.headers},
+                    content=call.content(),
+                    headers={**self._headers, **call.headers},
                     timeout=call.timeout,
                 )
                 response = self._http.send(request, stream=True)
@@ -143,7 +194,7 @@ class LUClient(BaseClient):
                 error = APIConnectionError(f"{call.path}: {type(exc).__name__}: {exc}")
             else:
                 if response.status_code < 400:
-                    return self._decode(response, content)
+                    return self._answer(call, response, content)
                 error = self._error(response, content)
                 if not self._should_retry(response):
                     raise error

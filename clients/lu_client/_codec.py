@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DATATYPES", "Encoded", "decode_response", "encode_binary", "encode_json", "to_numpy"]
+__all__ = ["DATATYPES", "Encoded", "decode_response", "encode_binary", "encode_json", "from_json_tensor", "to_numpy"]
 
 HEADER_LENGTH = "inference-header-content-length"
 DATATYPES: dict[str, np.dtype] = {
@@ -139,6 +139,11 @@ def _from_data(data: Any, dtype: np.dtype, shape: list[int]) -> np.ndarray:
         out.real, out.imag = pairs[:, 0], pairs[:, 1]
         return out.reshape(shape)
     return arr.reshape(shape)
+
+
+def from_json_tensor(obj: Mapping[str, Any]) -> np.ndarray:
+    """A tensor in the JSON object form ``{"dtype", "shape", "data"}``."""
+    return _from_data(obj["data"], np.dtype(obj["dtype"]), obj["shape"])
 
 
 def decode_response(content: bytes | bytearray, headers: Mapping[str, str]) -> dict[str, np.ndarray | None]:

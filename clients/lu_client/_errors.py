@@ -10,6 +10,7 @@ __all__ = [
     "APITimeoutError",
     "AuthenticationError",
     "BadRequestError",
+    "FactorizationNotFoundError",
     "InternalServerError",
     "LUClientError",
     "NotFoundError",
@@ -64,6 +65,19 @@ class NotFoundError(APIStatusError):
     """404: unknown route or model."""
 
 
+class FactorizationNotFoundError(NotFoundError):
+    """404 ``unknown_factorization``: the stored factorization is gone.
+
+    It was never stored under this API key, or it was deleted, expired (``LU_STORE_TTL_S``
+    idle), evicted to make room (``LU_STORE_BYTES``), or the replica restarted or was
+    replaced (factorizations live in one replica's memory). Factorize again.
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.args = (f"the stored factorization is gone: {self.args[0]}",)
+
+
 class PayloadTooLargeError(APIStatusError):
     """413: over the server's byte or element limit (for one matrix: it cannot be split)."""
 
@@ -116,6 +130,8 @@ def status_error(status_code: int, body: dict[str, Any], request_id: str | None)
     rid = body.get("request_id") or request_id
     if status_code == 422 and code == "singular_matrix":
         cls: type[APIStatusError] = SingularMatrixError
+    elif status_code == 404 and code == "unknown_factorization":
+        cls = FactorizationNotFoundError
     else:
         cls = _BY_STATUS.get(status_code, InternalServerError if status_code >= 500 else APIStatusError)
     return cls(status_code, code, message, rid, body)
