@@ -176,7 +176,7 @@ def _metadata(store: FactorizationStore, entry: Entry, *, info: bool) -> dict[st
         "expires_at": None if left is None else _iso(datetime.datetime.now(datetime.timezone.utc).timestamp() + left),
     }
     if info:  # the object form of a tensor, as /lu_factor answers it (int32: always finite)
-        meta["info"] = {"dtype": "int32", "shape": list(entry.info.shape), "data": entry.info}
+        meta["info"] = {"dtype": "int32", "shape": list(entry.info.shape), "data": entry.info.tolist()}
     return meta
 
 
@@ -230,7 +230,7 @@ async def put_factorization(request: Request, name: str) -> Response:
             name=name,
             LU=LU,
             pivots=pivots,
-            info=np.asarray(out["info"]),
+            info=np.asarray(out["info"], dtype=np.int32),
             pivot=options["pivot"],
             shape=tuple(int(d) for d in LU.shape),
             dtype=str(LU.dtype),
