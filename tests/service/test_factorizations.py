@@ -120,7 +120,9 @@ async def test_unpack_equals_lu_unpack(client, rng, fmt):
         out = _outputs(
             await post(client, "/factorizations/tall/unpack", {}, fmt, unpack_data=data, unpack_pivots=pivots)
         )
-        for got, want in zip((out.get("P"), out.get("L"), out.get("U")), lu_core.lu_unpack(LU, piv, data, pivots), strict=True):
+        for got, want in zip(
+            (out.get("P"), out.get("L"), out.get("U")), lu_core.lu_unpack(LU, piv, data, pivots), strict=True
+        ):
             assert (got is None) == (want is None)
             if want is not None:
                 same(got, want)
