@@ -7,7 +7,7 @@ Nothing else in the service reads the environment. Tests build their own
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -117,10 +117,9 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log threshold.")
     log_json: bool = Field(True, description="One JSON object per log line (False: plain text, for a terminal).")
     graceful_shutdown_s: float = Field(30.0, ge=0, description="How long shutdown waits for in-flight requests.")
-    store_bytes: int | None = Field(
-        None,
-        ge=0,
-        description="Bytes of stored factorizations (LRU eviction beyond); default 1 GiB on the CPU, "
+    store_bytes: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto",
+        description="Bytes of stored factorizations (LRU eviction beyond); auto: 1 GiB on the CPU, "
         "a quarter of the device's memory on a GPU; 0 stores nothing.",
     )
     store_ttl_s: float = Field(

@@ -103,10 +103,10 @@ class AsyncLUClient(BaseClient):
         return AsyncRemoteFactorization(self, name, await self.factorization_metadata(name, timeout=timeout))
 
     async def factorization_metadata(self, name: str, *, timeout: Any = None) -> dict[str, Any]:
-        return await self._send(self._bodyless_call("GET", self._factorization_path(name), "json", timeout))
+        return await self._send(self._bodyless_call("GET", name, "json", timeout))
 
     async def list_factorizations(self, *, timeout: Any = None) -> list[dict[str, Any]]:
-        return (await self._send(self._bodyless_call("GET", "/factorizations", "json", timeout)))["factorizations"]
+        return (await self._send(self._bodyless_call("GET", None, "json", timeout)))["factorizations"]
 
     async def solve_factorization(
         self,
@@ -129,7 +129,7 @@ class AsyncLUClient(BaseClient):
         return out.get("P"), out.get("L"), out.get("U")
 
     async def delete_factorization(self, name: str, *, timeout: Any = None) -> None:
-        await self._send(self._bodyless_call("DELETE", self._factorization_path(name), "empty", timeout))
+        await self._send(self._bodyless_call("DELETE", name, "empty", timeout))
 
     # ------------------------------------------------------------------ I/O
 

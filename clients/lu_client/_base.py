@@ -9,7 +9,7 @@ import secrets
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -27,6 +27,7 @@ DEFAULT_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 CHUNK = 1 << 20  # body chunks handed to httpx (it re-slices a buffer on each partial send)
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 DISCOVER_BYTES = 8 << 20  # look the server's limits up before the first request this big
+NAME_HEADER = "x-lu-factorization"  # every request about a stored factorization carries its name
 
 OPERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "lu_factor": (("A",), ("LU", "pivots", "info")),
@@ -74,10 +75,11 @@ class Call:
     timeout: httpx.Timeout | float | None
     method: str = "POST"
     answer: str = "tensors"  # "tensors", "json" (an object such as metadata) or "empty"
+    extra_headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def headers(self) -> dict[str, str]:
-        return {} if self.encoded is None else self.encoded.headers
+        return {**({} if self.encoded is None else self.encoded.headers), **self.extra_headers}
 
     def content(self) -> Iterator[bytes | memoryview] | None:
         return None if self.encoded is None else self.chunks()
@@ -133,22 +135,29 @@ class BaseClient:
     def _factorization_path(self, name: str, action: str = "") -> str:
         return f"/factorizations/{urllib.parse.quote(name, safe='')}{action}"
 
+    def _named(self, call: Call, name: str) -> Call:
+        # Load balancers that hash on a header (Envoy/Istio, ingress-nginx) keep a name on one replica.
+        call.extra_headers[NAME_HEADER] = urllib.parse.quote(name, safe="")
+        return call
+
     def _put_call(self, name: str | None, A: Any, pivot: bool, timeout: Any) -> Call:
         name = new_name() if name is None else name
         tensors = {"A": to_numpy(A, "A")}
         options = {"pivot": pivot}
         encoded = encode_binary(tensors, options) if self.binary else encode_json(tensors, options)
-        return Call(self._factorization_path(name), encoded, self._timeout(timeout), "PUT", "json")
+        return self._named(Call(self._factorization_path(name), encoded, self._timeout(timeout), "PUT", "json"), name)
 
     def _stored_call(
         self, name: str, action: str, tensors: Mapping[str, Any], options: Mapping[str, Any], timeout: Any
     ) -> Call:
         arrays = {k: to_numpy(v, k) for k, v in tensors.items()}
         encoded = encode_binary(arrays, options) if self.binary else encode_json(arrays, options)
-        return Call(self._factorization_path(name, action), encoded, self._timeout(timeout))
+        return self._named(Call(self._factorization_path(name, action), encoded, self._timeout(timeout)), name)
 
-    def _bodyless_call(self, method: str, path: str, answer: str, timeout: Any) -> Call:
-        return Call(path, None, self._timeout(timeout), method, answer)
+    def _bodyless_call(self, method: str, name: str | None, answer: str, timeout: Any) -> Call:
+        if name is None:
+            return Call("/factorizations", None, self._timeout(timeout), method, answer)
+        return self._named(Call(self._factorization_path(name), None, self._timeout(timeout), method, answer), name)
 
     def _timeout(self, timeout: Any) -> Any:
         return self.timeout if timeout is None else timeout

@@ -106,11 +106,11 @@ class LUClient(BaseClient):
         return RemoteFactorization(self, name, self.factorization_metadata(name, timeout=timeout))
 
     def factorization_metadata(self, name: str, *, timeout: Any = None) -> dict[str, Any]:
-        return self._send(self._bodyless_call("GET", self._factorization_path(name), "json", timeout))
+        return self._send(self._bodyless_call("GET", name, "json", timeout))
 
     def list_factorizations(self, *, timeout: Any = None) -> list[dict[str, Any]]:
         """Metadata of this API key's stored factorizations, most recently used first."""
-        return self._send(self._bodyless_call("GET", "/factorizations", "json", timeout))["factorizations"]
+        return self._send(self._bodyless_call("GET", None, "json", timeout))["factorizations"]
 
     def solve_factorization(
         self,
@@ -135,7 +135,7 @@ class LUClient(BaseClient):
         return out.get("P"), out.get("L"), out.get("U")
 
     def delete_factorization(self, name: str, *, timeout: Any = None) -> None:
-        self._send(self._bodyless_call("DELETE", self._factorization_path(name), "empty", timeout))
+        self._send(self._bodyless_call("DELETE", name, "empty", timeout))
 
     # ------------------------------------------------------------------ I/O
 

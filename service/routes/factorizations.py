@@ -91,7 +91,7 @@ def default_store_bytes(device: Device) -> int:
 
 def install(app: FastAPI, settings: Settings, device: Device, metrics: Metrics) -> FactorizationStore:
     """Create the store (``app.state.store``), its routes and metrics."""
-    limit = settings.store_bytes if settings.store_bytes is not None else default_store_bytes(device)
+    limit = default_store_bytes(device) if settings.store_bytes == "auto" else settings.store_bytes
     store = FactorizationStore(limit, settings.store_ttl_s, budget=getattr(app.state, "budget", None))
     app.state.store = store
     metrics.watch_store(store)

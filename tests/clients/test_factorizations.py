@@ -78,6 +78,8 @@ async def test_sync_remote_factorization(make_sync_client, rng, binary, dtype):
     sent = {(r.method, r.headers.get("content-type")) for r in client.transport.requests}
     media = "application/octet-stream" if binary else "application/json"
     assert ("PUT", media) in sent and ("POST", media) in sent
+    named = [r for r in client.transport.requests if r.url.path.startswith("/factorizations/")]
+    assert named and all(r.url.path.split("/")[2] == r.headers["x-lu-factorization"] for r in named)
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
