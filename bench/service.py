@@ -9,6 +9,10 @@ Starts ``python -m service`` on loopback (as a user would) and measures, in one 
   (round trip - in-process call) / plain copy: the target for binary is <= 1.5.
 * 8x8 ``/solve`` requests (binary) at 1, 16 and 64 concurrent clients: requests
   per second and p50/p99 latency.
+* Stored factorizations at n = 2048 and 4096 (float64): 10 one-right-hand-side
+  solves that resend the LU each time (``/lu_solve``) against 10 solves of a
+  factorization stored once (``PUT /factorizations/{name}``, then
+  ``/factorizations/{name}/solve`` with only B); the goal is >= 10x at n = 4096.
 
 Client and server share the machine's cores, so on a small VM the client's own
 work is part of every number. Run: ``python -m bench.service [--quick] [--out FILE]``.
@@ -74,7 +78,7 @@ def start_server(defaults: bool = False, **settings: str) -> tuple[subprocess.Po
     env |= {"LU_LOG_LEVEL": "warning"}
     if not defaults:
         env |= {"LU_MAX_REQUEST_BYTES": str(2 << 30), "LU_MAX_ELEMENTS": str(1 << 28)}
-        env |= {"LU_MAX_JSON_BYTES": str(2 << 30)}
+        env |= {"LU_MAX_JSON_BYTES": str(2 << 30), "LU_STORE_BYTES": str(1 << 30)}
     proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -150,7 +154,10 @@ class RawHttp:
         self.buf = bytearray(1 << 20)
 
     def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        head = f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n"
+        return self.request("POST", path, body, headers)
+
+    def request(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        head = f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         self.sock.sendall(head.encode())
         self.sock.sendall(body)
@@ -292,6 +299,71 @@ def concurrency(url: str, levels: list[int], seconds: float, progress: Callable[
     return rows
 
 
+SOLVES = 10  # one-right-hand-side solves per system in the stored-factorization case
+
+
+def _stored_case(client: RawHttp, n: int, progress: Callable[[str], None]) -> dict:
+    rng = np.random.default_rng(n + 1)
+    A = rng.standard_normal((n, n)) + n * np.eye(n)
+    LU, piv = lu_core.lu_factor(A)
+    LU = np.ascontiguousarray(LU)  # what a client holding the factorization sends
+    Bs = [rng.standard_normal((n, 1)) for _ in range(SOLVES)]
+    resend_bodies = [binary_body({"LU": LU, "pivots": piv, "B": B}) for B in Bs]
+    stored_bodies = [binary_body({"B": B}) for B in Bs]
+    factor_body = binary_body({"A": A})
+    name = f"bench-{n}"
+
+    def resend() -> list[bytes]:
+        out = []
+        for body, headers in resend_bodies:
+            status, content = client.post("/lu_solve", body, headers)
+            assert status == 200, status
+            out.append(content)
+        return out
+
+    def stored() -> list[bytes]:
+        out = []
+        for body, headers in stored_bodies:
+            status, content = client.post(f"/factorizations/{name}/solve", body, headers)
+            assert status == 200, status
+            out.append(content)
+        return out
+
+    def put() -> None:
+        status, _ = client.request("PUT", f"/factorizations/{name}", *factor_body)
+        assert status in (200, 201), status
+
+    reps = 3
+    put_time, _ = median_time(put, reps)
+    # the same answers both ways, bit for bit
+    assert [c[-n * 8 :] for c in resend()] == [c[-n * 8 :] for c in stored()]
+    resend_time, _ = median_time(resend, reps)
+    stored_time, _ = median_time(stored, reps)
+    client.request("DELETE", f"/factorizations/{name}", b"", {})
+    progress(
+        f"n={n}: {SOLVES} solves resending LU {resend_time * 1e3:.0f} ms, stored {stored_time * 1e3:.1f} ms "
+        f"({resend_time / stored_time:.1f}x); PUT {put_time * 1e3:.0f} ms"
+    )
+    return {
+        "n": n,
+        "solves": SOLVES,
+        "resend ms": resend_time * 1e3,
+        "stored ms": stored_time * 1e3,
+        "resend / stored": resend_time / stored_time,
+        "PUT ms": put_time * 1e3,
+        "bytes per resend": len(resend_bodies[0][0]),
+        "bytes per stored": len(stored_bodies[0][0]),
+    }
+
+
+def stored_factorizations(url: str, sizes: list[int], progress: Callable[[str], None]) -> list[dict]:
+    client = RawHttp(url)
+    try:
+        return [_stored_case(client, n, progress) for n in sizes]
+    finally:
+        client.sock.close()
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -306,7 +378,7 @@ def table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def report(transport_rows: list[dict], conc_rows: list[dict], device: str) -> str:
+def report(transport_rows: list[dict], conc_rows: list[dict], stored_rows: list[dict], device: str) -> str:
     facts = machine()
     facts["service device"] = device
     lines = [
@@ -334,6 +406,27 @@ def report(transport_rows: list[dict], conc_rows: list[dict], device: str) -> st
         "",
         table(conc_rows, ["clients", "requests", "req/s", "p50 ms", "p99 ms", "non-200"]),
         "",
+        f"## Stored factorizations: {SOLVES} one-right-hand-side solves, float64 (binary)",
+        "",
+        "`resend` = 10 `/lu_solve` requests, each carrying the n x n LU, its pivots and B. `stored` = 10",
+        "`/factorizations/{name}/solve` requests carrying only B, after one `PUT /factorizations/{name}` of A",
+        "(`PUT ms`: upload, factorization and storing, once). Medians of 3 runs of the 10 solves; the answers",
+        "are checked equal bit for bit. Goal: resend / stored >= 10 at n = 4096.",
+        "",
+        table(
+            stored_rows,
+            [
+                "n",
+                "solves",
+                "resend ms",
+                "stored ms",
+                "resend / stored",
+                "PUT ms",
+                "bytes per resend",
+                "bytes per stored",
+            ],
+        ),
+        "",
         "## Machine",
         "",
         *[f"- {k}: {v}" for k, v in facts.items()],
@@ -351,10 +444,11 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None]) -> Path 
         copier = CopyServer()
         transport_rows = transport(url, sizes, copier, progress)
         conc_rows = concurrency(url, levels, 1.0 if quick else 5.0, progress)
+        stored_rows = stored_factorizations(url, [64, 128] if quick else [2048, 4096], progress)
     finally:
         proc.terminate()
         proc.wait(60)
-    text = report(transport_rows, conc_rows, device)
+    text = report(transport_rows, conc_rows, stored_rows, device)
     print(text)
     if out is None:
         return None
