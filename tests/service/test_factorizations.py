@@ -406,3 +406,18 @@ async def test_openapi_documents_the_routes(client):
     props = paths["/factorizations/{name}/solve"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert set(props["properties"]) == {"B", "left", "adjoint", "check_errors"}
     assert json.dumps(paths["/factorizations/{name}"]["put"]["responses"]["201"])
+
+
+async def test_stored_bytes_are_held_in_the_memory_budget(make_client):
+    """Each stored factorization holds a reservation of its bytes until its memory is freed."""
+    pytest.importorskip("service.budget", reason="service.budget (issue 12) is not on this branch yet")
+    client = await make_client()
+    budget = client.app.state.budget
+    assert client.app.state.store.budget is budget
+    before = budget.in_use
+    assert (await put(client, "a", np.eye(16))).status_code == 201
+    assert budget.in_use - before == 16 * 16 * 8 + 16 * 4
+    assert (await put(client, "a", np.eye(8))).status_code == 200  # the old reservation goes with the old entry
+    assert budget.in_use - before == 8 * 8 * 8 + 8 * 4
+    assert (await client.delete("/factorizations/a")).status_code == 204
+    assert budget.in_use == before
