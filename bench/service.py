@@ -149,21 +149,39 @@ class RawHttp:
 
     def __init__(self, url: str) -> None:
         host, port = url.removeprefix("http://").split(":")
-        self.sock = socket.create_connection((host, int(port)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.address = (host, int(port))
+        self.sock = self._connect()
         self.buf = bytearray(1 << 20)
+
+    def _connect(self) -> socket.socket:
+        sock = socket.create_connection(self.address)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
 
     def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         return self.request("POST", path, body, headers)
 
     def request(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        try:
+            return self._request(method, path, body, headers)
+        except ConnectionError:
+            # uvicorn closes a keep-alive connection idle for 5 s (preparing the next case can take
+            # that long on a loaded machine): reconnect once; every request here is safe to resend.
+            self.sock.close()
+            self.sock = self._connect()
+            return self._request(method, path, body, headers)
+
+    def _request(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         head = f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         self.sock.sendall(head.encode())
         self.sock.sendall(body)
         data = bytearray()
         while b"\r\n\r\n" not in data:
-            data += self.sock.recv(65536)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionResetError("the server closed the connection")
+            data += chunk
         header, _, rest = bytes(data).partition(b"\r\n\r\n")
         lines = header.decode("latin-1").split("\r\n")
         status = int(lines[0].split()[1])
