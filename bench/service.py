@@ -15,7 +15,8 @@ Starts ``python -m service`` on loopback (as a user would) and measures, in one 
   ``/factorizations/{name}/solve`` with only B); the goal is >= 10x at n = 4096.
 
 Client and server share the machine's cores, so on a small VM the client's own
-work is part of every number. Run: ``python -m bench.service [--quick] [--out FILE]``.
+work is part of every number. Run: ``python -m bench.service [--quick] [--out DIR] [--only PART ...]``
+(parts: transport, concurrency, stored).
 """
 
 from __future__ import annotations
@@ -186,7 +187,8 @@ class RawHttp:
         lines = header.decode("latin-1").split("\r\n")
         status = int(lines[0].split()[1])
         length = next(
-            int(v) for k, _, v in (line.partition(": ") for line in lines[1:]) if k.lower() == "content-length"
+            (int(v) for k, _, v in (line.partition(": ") for line in lines[1:]) if k.lower() == "content-length"),
+            0,  # a 204 has no body and no Content-Length
         )
         out = bytearray(length)
         out[: len(rest)] = rest
@@ -357,11 +359,12 @@ def _stored_case(client: RawHttp, n: int, progress: Callable[[str], None]) -> di
     assert [c[-n * 8 :] for c in resend()] == [c[-n * 8 :] for c in stored()]
     resend_time, _ = median_time(resend, reps)
     stored_time, _ = median_time(stored, reps)
-    client.request("DELETE", f"/factorizations/{name}", b"", {})
     progress(
         f"n={n}: {SOLVES} solves resending LU {resend_time * 1e3:.0f} ms, stored {stored_time * 1e3:.1f} ms "
         f"({resend_time / stored_time:.1f}x); PUT {put_time * 1e3:.0f} ms"
     )
+    status, _ = client.request("DELETE", f"/factorizations/{name}", b"", {})
+    assert status == 204, status
     return {
         "n": n,
         "solves": SOLVES,
@@ -453,16 +456,20 @@ def report(transport_rows: list[dict], conc_rows: list[dict], stored_rows: list[
     return "\n".join(lines)
 
 
-def run(quick: bool, out: Path | None, progress: Callable[[str], None]) -> Path | None:
+PARTS = ("transport", "concurrency", "stored")
+
+
+def run(quick: bool, out: Path | None, progress: Callable[[str], None], parts: tuple[str, ...] = PARTS) -> Path | None:
     proc, url = start_server()
     try:
         device = httpx.get(f"{url}/readyz").json()["device"]["kind"]
         sizes = [64, 128] if quick else [256, 1024, 2048, 4096]
         levels = [1, 4] if quick else [1, 16, 64]
         copier = CopyServer()
-        transport_rows = transport(url, sizes, copier, progress)
-        conc_rows = concurrency(url, levels, 1.0 if quick else 5.0, progress)
-        stored_rows = stored_factorizations(url, [64, 128] if quick else [2048, 4096], progress)
+        transport_rows = transport(url, sizes, copier, progress) if "transport" in parts else []
+        conc_rows = concurrency(url, levels, 1.0 if quick else 5.0, progress) if "concurrency" in parts else []
+        stored_sizes = [64, 128] if quick else [2048, 4096]
+        stored_rows = stored_factorizations(url, stored_sizes, progress) if "stored" in parts else []
     finally:
         proc.terminate()
         proc.wait(60)
@@ -471,7 +478,8 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None]) -> Path 
     if out is None:
         return None
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{datetime.date.today().isoformat()}-service-{device}{'-quick' if quick else ''}.md"
+    some = "" if tuple(parts) == PARTS else "-" + "-".join(parts)
+    path = out / f"{datetime.date.today().isoformat()}-service-{device}{some}{'-quick' if quick else ''}.md"
     path.write_text(text)
     progress(f"wrote {path}")
     return path
@@ -481,10 +489,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes and short runs (a smoke test)")
     parser.add_argument("--out", default=str(RESULTS), help="folder for the report ('' for none)")
+    parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="parts to run (default: all)")
     args = parser.parse_args(argv)
-    run(
-        args.quick, Path(args.out) if args.out else None, lambda m: print(f"[service] {m}", file=sys.stderr, flush=True)
-    )
+    out = Path(args.out) if args.out else None
+    run(args.quick, out, lambda m: print(f"[service] {m}", file=sys.stderr, flush=True), tuple(args.only))
     return 0
 
 

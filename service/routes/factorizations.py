@@ -25,10 +25,10 @@ from starlette.responses import Response
 from service.auth import require_api_key
 from service.codec import Decoded
 from service.config import Settings
-from service.device import Device, Resident
+from service.device import Compute, Device, Resident
 from service.errors import invalid
 from service.metrics import Metrics
-from service.operations import OPERATIONS
+from service.operations import OPERATIONS, Operation
 from service.pipeline import decode_native, encode_native
 from service.schemas import native_openapi
 from service.store import Entry, FactorizationStore, Pin, check_name, namespace_of, unknown_factorization
@@ -61,7 +61,7 @@ _META: dict[str, Any] = {
 }
 
 
-def _docs(op: Any, inputs: tuple[str, ...], *, body_required: bool = True) -> dict[str, Any]:
+def _docs(op: Operation, inputs: tuple[str, ...], *, body_required: bool = True) -> dict[str, Any]:
     """The OpenAPI text of ``op`` with the inputs a stored factorization leaves to the client."""
     extra = native_openapi(dataclasses.replace(op, inputs=inputs))
     extra["requestBody"]["required"] = body_required
@@ -144,7 +144,7 @@ def _factor_kept(t: Mapping[str, Any], o: Mapping[str, bool]) -> dict[str, Any]:
     return {"factors": Resident((out["LU"], out["pivots"])), "info": out["info"]}
 
 
-def _with_pin(pin: Pin, compute: Any) -> Any:
+def _with_pin(pin: Pin, compute: Compute) -> Compute:
     """``compute`` on the pinned entry's LU and pivots; unpins when it ends (on the worker thread)."""
 
     def run(t: Mapping[str, Any], o: Mapping[str, bool]) -> dict[str, Any]:
@@ -261,7 +261,10 @@ async def delete_factorization(request: Request, name: str) -> Response:
     return Response(status_code=204)
 
 
-async def _serve_pinned(request: Request, name: str, op: Any, tensor_names: tuple[str, ...], allowed: tuple) -> Any:
+async def _serve_pinned(
+    request: Request, name: str, op: Operation, tensor_names: tuple[str, ...], allowed: tuple[str, ...]
+) -> Response:
+    """Decode, pin the factorization, compute ``op`` on it on the worker, encode as the plain route would."""
     check_name(name)
     state = request.app.state
     store: FactorizationStore = state.store
