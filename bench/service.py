@@ -400,6 +400,7 @@ def table(rows: list[dict], columns: list[str]) -> str:
 
 
 def report(transport_rows: list[dict], conc_rows: list[dict], stored_rows: list[dict], device: str) -> str:
+    """The markdown report; parts that did not run (``--only``) are left out."""
     facts = machine()
     facts["service device"] = device
     lines = [
@@ -409,50 +410,45 @@ def report(transport_rows: list[dict], conc_rows: list[dict], stored_rows: list[
         "Client: a minimal keep-alive HTTP/1.1 client on plain sockets in the same machine (it shares the",
         "cores with the server), so that the numbers are the service's, not a client library's.",
         "",
-        "## lu_solve round trip, float64, one right-hand side",
-        "",
-        "`bytes` = request + response bytes of the binary framing. `in-process` = `lu_core.lu_solve` on the",
-        "row-major arrays the server decodes (it includes the transpose to LAPACK's column-major layout).",
-        "`copy` = the same bytes through a plain loopback TCP socket (send request, receive response).",
-        "`binary overhead / copy` = (binary round trip - in-process) / copy; the target is <= 1.5.",
-        "",
-        table(
-            transport_rows,
-            ["n", "bytes", "in-process ms", "copy ms", "binary ms", "binary MB/s", "binary overhead / copy"],
-        ),
-        "",
-        table(transport_rows, ["n", "json bytes", "json ms", "json MB/s", "json / binary"]),
-        "",
-        "## 8x8 /solve requests (binary), concurrent clients",
-        "",
-        table(conc_rows, ["clients", "requests", "req/s", "p50 ms", "p99 ms", "non-200"]),
-        "",
-        f"## Stored factorizations: {SOLVES} one-right-hand-side solves, float64 (binary)",
-        "",
-        "`resend` = 10 `/lu_solve` requests, each carrying the n x n LU, its pivots and B. `stored` = 10",
-        "`/factorizations/{name}/solve` requests carrying only B, after one `PUT /factorizations/{name}` of A",
-        "(`PUT ms`: upload, factorization and storing, once). Medians of 3 runs of the 10 solves; the answers",
-        "are checked equal bit for bit. Goal: resend / stored >= 10 at n = 4096.",
-        "",
-        table(
-            stored_rows,
-            [
-                "n",
-                "solves",
-                "resend ms",
-                "stored ms",
-                "resend / stored",
-                "PUT ms",
-                "bytes per resend",
-                "bytes per stored",
-            ],
-        ),
-        "",
-        "## Machine",
-        "",
-        *[f"- {k}: {v}" for k, v in facts.items()],
-        "",
     ]
+    if transport_rows:
+        lines += [
+            "## lu_solve round trip, float64, one right-hand side",
+            "",
+            "`bytes` = request + response bytes of the binary framing. `in-process` = `lu_core.lu_solve` on the",
+            "row-major arrays the server decodes (it includes the transpose to LAPACK's column-major layout).",
+            "`copy` = the same bytes through a plain loopback TCP socket (send request, receive response).",
+            "`binary overhead / copy` = (binary round trip - in-process) / copy; the target is <= 1.5.",
+            "",
+            table(
+                transport_rows,
+                ["n", "bytes", "in-process ms", "copy ms", "binary ms", "binary MB/s", "binary overhead / copy"],
+            ),
+            "",
+            table(transport_rows, ["n", "json bytes", "json ms", "json MB/s", "json / binary"]),
+            "",
+        ]
+    if conc_rows:
+        lines += [
+            "## 8x8 /solve requests (binary), concurrent clients",
+            "",
+            table(conc_rows, ["clients", "requests", "req/s", "p50 ms", "p99 ms", "non-200"]),
+            "",
+        ]
+    if stored_rows:
+        stored_columns = ["n", "solves", "resend ms", "stored ms", "resend / stored", "PUT ms"]
+        lines += [
+            f"## Stored factorizations: {SOLVES} one-right-hand-side solves, float64 (binary)",
+            "",
+            "`resend` = 10 `/lu_solve` requests, each carrying the n x n LU, its pivots and B. `stored` = 10",
+            "`/factorizations/{name}/solve` requests carrying only B, after one `PUT /factorizations/{name}` of A",
+            "(`PUT ms`: upload, factorization and storing, once). Medians of 3 runs of the 10 solves; the",
+            "answers are checked equal bit for bit. Goal: resend / stored >= 10 at n = 4096.",
+            "",
+            table(stored_rows, [*stored_columns, "bytes per resend", "bytes per stored"]),
+            "",
+        ]
+    lines += ["## Machine", "", *[f"- {k}: {v}" for k, v in facts.items()], ""]
     return "\n".join(lines)
 
 
