@@ -104,7 +104,7 @@ async def sweeping(store: FactorizationStore) -> AsyncIterator[None]:
     """Expire idle entries in the background (lookups also expire them), and drop all at shutdown."""
 
     async def sweep() -> None:
-        period = min(60.0, store.ttl_s / 4)
+        period = max(1.0, min(60.0, store.ttl_s / 4))  # lookups expire exactly; this only frees memory
         while True:
             await anyio.sleep(period)
             store.expire()
