@@ -120,7 +120,7 @@ class Settings(BaseSettings):
     store_bytes: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto",
         description="Bytes of stored factorizations (LRU eviction beyond); auto: 1 GiB on the CPU, "
-        "a quarter of the device's memory on a GPU; 0 stores nothing.",
+        "a quarter of the device's memory on a GPU, at most half of LU_MAX_INFLIGHT_BYTES; 0 stores nothing.",
     )
     store_ttl_s: float = Field(
         3600.0, ge=0, description="Seconds a stored factorization may stay unused before it expires; 0: never."

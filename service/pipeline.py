@@ -6,7 +6,7 @@ answer encoded; both come from :mod:`service.codec`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -22,28 +22,45 @@ from service.codec import (
     encode_native_json,
     encode_v2,
 )
+from service.device import Compute
 from service.footprint import answer_bytes
 from service.middleware import reservation_of
 from service.operations import Operation
 from service.transport import BodyResponse, offload, read_body, request_format
 
-__all__ = ["decode_native", "encode_native", "serve_native", "serve_v2"]
+__all__ = ["compute", "decode_native", "encode_native", "serve_native", "serve_v2"]
 
 
-def _itemsize(decoded: Decoded) -> int:
+def _itemsize(tensors: Mapping[str, Any]) -> int:
     """Bytes per element of the answer: the widest floating input (integers compute as float64)."""
-    return max((t.dtype.itemsize for t in decoded.tensors.values() if t.dtype.kind in "fc"), default=8)
+    return max((t.dtype.itemsize for t in tensors.values() if t.dtype.kind in "fc"), default=8)
 
 
-async def _compute(request: Request, op: Operation, decoded: Decoded) -> dict[str, Any]:
+async def compute(
+    request: Request,
+    op: Operation,
+    decoded: Decoded,
+    *,
+    tensors: Mapping[str, Any] | None = None,
+    job: tuple[str, Compute] | None = None,
+    answer: bool = True,
+) -> dict[str, Any]:
+    """Check ``op``'s inputs and options, reserve the answer's memory, run the job on the worker.
+
+    ``tensors`` are what ``op`` sees when they are more than the body's (a stored
+    factorization's LU and pivots); ``job`` replaces ``op``'s name and compute function;
+    ``answer=False`` when the outputs are not sent back (they are kept, and reserved, elsewhere).
+    """
     state = request.app.state
-    options = op.prepare(decoded.tensors, decoded.options, state.settings.max_elements)
+    seen = decoded.tensors if tensors is None else tensors
+    options = op.prepare(seen, decoded.options, state.settings.max_elements)
     reservation = reservation_of(request.scope)
-    if reservation is not None:  # the answer's memory, known from the shapes, before the job is queued
+    if reservation is not None and answer:  # the answer's memory, known from the shapes, before the job is queued
         fmt = "binary" if decoded.binary and all(decoded.binary_outputs.values()) else "json"
-        elements = op.output_elements(decoded.tensors, options)
-        reservation.grow(answer_bytes(fmt, elements, _itemsize(decoded)), f"the answer of {op.name}")
-    return await state.worker.submit(op.name, op.compute, decoded.tensors, options, reservation=reservation)
+        elements = op.output_elements(seen, options)
+        reservation.grow(answer_bytes(fmt, elements, _itemsize(seen)), f"the answer of {op.name}")
+    name, fn = job if job is not None else (op.name, op.compute)
+    return await state.worker.submit(name, fn, decoded.tensors, options, reservation=reservation)
 
 
 def _out_bytes(outputs: dict[str, Any]) -> int:
@@ -78,12 +95,12 @@ async def encode_native(outputs: dict[str, Any], binary: bool) -> BodyResponse:
 
 async def serve_native(request: Request, op: Operation) -> BodyResponse:
     decoded = await decode_native(request, op.inputs)
-    outputs = await _compute(request, op, decoded)
+    outputs = await compute(request, op, decoded)
     return await encode_native(outputs, decoded.binary)
 
 
 async def serve_v2(request: Request, op: Operation, version: str) -> BodyResponse:
     decoded = await _decode(request, decode_v2_json)
     check_outputs_known(decoded, op.outputs)
-    outputs = await _compute(request, op, decoded)
+    outputs = await compute(request, op, decoded)
     return await _encode(outputs, encode_v2, op.name, decoded, outputs, version)

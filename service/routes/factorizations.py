@@ -29,7 +29,7 @@ from service.device import Compute, Device, Resident
 from service.errors import invalid
 from service.metrics import Metrics
 from service.operations import OPERATIONS, Operation
-from service.pipeline import decode_native, encode_native
+from service.pipeline import compute, decode_native, encode_native
 from service.schemas import native_openapi
 from service.store import Entry, FactorizationStore, Pin, check_name, namespace_of, unknown_factorization
 
@@ -83,15 +83,20 @@ def _put_docs() -> dict[str, Any]:
 # --------------------------------------------------------------------------- wiring
 
 
-def default_store_bytes(device: Device) -> int:
-    """1 GiB of host memory on the CPU; a quarter of the device's memory on a GPU."""
+def default_store_bytes(device: Device, settings: Settings) -> int:
+    """1 GiB on the CPU, a quarter of the device's memory on a GPU; at most half of LU_MAX_INFLIGHT_BYTES.
+
+    Stored bytes are reserved in the in-flight budget, so a store allowed the whole budget
+    could leave nothing for requests.
+    """
     memory = device.describe().get("memory_bytes")
-    return int(memory) // 4 if device.kind == "gpu" and memory else GiB
+    base = int(memory) // 4 if device.kind == "gpu" and memory else GiB
+    return min(base, settings.max_inflight_bytes // 2)
 
 
 def install(app: FastAPI, settings: Settings, device: Device, metrics: Metrics) -> FactorizationStore:
     """Create the store (``app.state.store``), its routes and metrics."""
-    limit = default_store_bytes(device) if settings.store_bytes == "auto" else settings.store_bytes
+    limit = default_store_bytes(device, settings) if settings.store_bytes == "auto" else settings.store_bytes
     store = FactorizationStore(limit, settings.store_ttl_s, budget=getattr(app.state, "budget", None))
     app.state.store = store
     metrics.watch_store(store)
@@ -220,10 +225,11 @@ async def put_factorization(request: Request, name: str) -> Response:
     store: FactorizationStore = state.store
     namespace = _namespace(request)
     decoded = await decode_native(request, FACTOR.inputs)
-    options = FACTOR.prepare(decoded.tensors, decoded.options, state.settings.max_elements)
+    FACTOR.prepare(decoded.tensors, decoded.options, state.settings.max_elements)  # 4xx before reserving
     reservation = store.reserve(_factor_bytes(np.asarray(decoded.tensors["A"])))
     try:
-        out = await state.worker.submit("factorization_put", _factor_kept, decoded.tensors, options)
+        # The factorization is kept, not sent: its bytes are the store's reservation, not the answer's.
+        out = await compute(request, FACTOR, decoded, job=("factorization_put", _factor_kept), answer=False)
         LU, pivots = out["factors"].value
         entry = Entry(
             namespace=namespace,
@@ -231,7 +237,7 @@ async def put_factorization(request: Request, name: str) -> Response:
             LU=LU,
             pivots=pivots,
             info=np.asarray(out["info"], dtype=np.int32),
-            pivot=options["pivot"],
+            pivot=decoded.options.get("pivot", True),
             shape=tuple(int(d) for d in LU.shape),
             dtype=str(LU.dtype),
             nbytes=int(LU.nbytes + pivots.nbytes),
@@ -277,10 +283,8 @@ async def _serve_pinned(
     try:
         entry = pin.entry
         tensors = {"LU": entry.LU, "pivots": entry.pivots, **decoded.tensors}
-        options = op.prepare(tensors, decoded.options, state.settings.max_elements)
-        out = await state.worker.submit(
-            f"factorization_{op.name}", _with_pin(pin, op.compute), decoded.tensors, options
-        )
+        job = (f"factorization_{op.name}", _with_pin(pin, op.compute))
+        out = await compute(request, op, decoded, tensors=tensors, job=job)
     finally:
         pin.abandon()
     return await encode_native(out, decoded.binary)

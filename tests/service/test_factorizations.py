@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from prometheus_client.utils import floatToGoString
 
 import lu_core
 from tests.helpers import DTYPES, well_conditioned
@@ -310,7 +311,8 @@ async def test_metrics_count_hits_and_misses(client):
     text = (await client.get("/metrics")).text
     assert "lu_store_hits_total 2.0" in text and "lu_store_misses_total 2.0" in text
     assert 'lu_errors_total{code="unknown_factorization"} 2.0' in text
-    assert "lu_store_limit_bytes 1.073741824e+09" in text  # the CPU default: 1 GiB
+    limit = min(1 << 30, client.app.state.settings.max_inflight_bytes // 2)  # the CPU default
+    assert f"lu_store_limit_bytes {floatToGoString(limit)}" in text
 
 
 # --------------------------------------------------------------------------- API keys
@@ -421,3 +423,30 @@ async def test_stored_bytes_are_held_in_the_memory_budget(make_client):
     assert budget.in_use - before == 8 * 8 * 8 + 8 * 4
     assert (await client.delete("/factorizations/a")).status_code == 204
     assert budget.in_use == before
+
+
+async def test_the_store_default_leaves_half_the_memory_budget_to_requests(make_client):
+    client = await make_client(max_inflight_bytes=1 << 20)
+    assert client.app.state.store.limit_bytes == 1 << 19
+
+
+async def test_stored_factorizations_cannot_starve_the_memory_budget(make_client, rng):
+    """The store's reservations count against LU_MAX_INFLIGHT_BYTES: when full, a PUT is a 503 to retry."""
+    client = await make_client(max_inflight_bytes=8 << 20, store_bytes=1 << 30)
+    budget = client.app.state.budget
+    A = well_conditioned(rng, (256, 256), np.float64)  # 512 KiB stored each
+    stored = 0
+    while True:
+        r = await put(client, f"m{stored}", A, "binary")
+        if r.status_code != 201:
+            break
+        stored += 1
+    error(r, 503, "overloaded")
+    assert r.headers["retry-after"] and 4 <= stored <= 16
+    assert budget.in_use >= stored * (256 * 256 * 8 + 256 * 4)
+    assert (await client.delete("/factorizations/m0")).status_code == 204
+    assert (await client.delete("/factorizations/m1")).status_code == 204
+    assert (await put(client, "again", A, "binary")).status_code == 201  # room again
+    for name in [f"m{i}" for i in range(2, stored)] + ["again"]:
+        assert (await client.delete(f"/factorizations/{name}")).status_code == 204
+    assert budget.in_use == 0
