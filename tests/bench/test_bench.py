@@ -21,6 +21,8 @@ def test_quick_cpu_and_service_suites_write_reports_and_plots(tmp_path, capsys):
     report = next(
         p for p in tmp_path.iterdir() if p.name.endswith("-cpu-quick.md") and "-service-" not in p.name
     ).read_text()
+    service = next(p for p in tmp_path.iterdir() if "-service-" in p.name).read_text()
+    assert "## Stored factorizations" in service and "| 128 | 10 |" in service
     for op in ("lu_factor", "lu_unpack", "lu_solve", "solve"):
         assert f"| {op} | float32 |" in report and f"| {op} | float64 |" in report
     assert "vs scipy" in report and "## Machine" in report
