@@ -144,9 +144,18 @@ def _factor_bytes(A: np.ndarray) -> int:
     return A.size * dtype.itemsize + batch * min(A.shape[-2:]) * 4
 
 
-def _factor_kept(t: Mapping[str, Any], o: Mapping[str, bool]) -> dict[str, Any]:
-    out = FACTOR.compute(t, o)
-    return {"factors": Resident((out["LU"], out["pivots"])), "info": out["info"]}
+def _factor_kept() -> Compute:
+    """A factor job whose LU and pivots stay on the device.
+
+    A new function per request: the dynamic batcher merges only jobs with the same compute
+    function, and a kept factorization must not be stacked with others and split back.
+    """
+
+    def run(t: Mapping[str, Any], o: Mapping[str, bool]) -> dict[str, Any]:
+        out = FACTOR.compute(t, o)
+        return {"factors": Resident((out["LU"], out["pivots"])), "info": out["info"]}
+
+    return run
 
 
 def _with_pin(pin: Pin, compute: Compute) -> Compute:
@@ -229,7 +238,7 @@ async def put_factorization(request: Request, name: str) -> Response:
     reservation = store.reserve(_factor_bytes(np.asarray(decoded.tensors["A"])))
     try:
         # The factorization is kept, not sent: its bytes are the store's reservation, not the answer's.
-        out = await compute(request, FACTOR, decoded, job=("factorization_put", _factor_kept), answer=False)
+        out = await compute(request, FACTOR, decoded, job=("factorization_put", _factor_kept()), answer=False)
         LU, pivots = out["factors"].value
         entry = Entry(
             namespace=namespace,

@@ -458,3 +458,15 @@ async def test_stored_factorizations_cannot_starve_the_memory_budget(make_client
     for name in [f"m{i}" for i in range(2, stored)] + ["again"]:
         assert (await client.delete(f"/factorizations/{name}")).status_code == 204
     await _settles(budget, 0)
+
+
+async def test_concurrent_puts_are_never_merged_by_the_batcher(make_client, rng):
+    """Dynamic batching merges same-shape jobs; each stored factorization must still be its own."""
+    client = await make_client(max_batch=64, batch_delay_us=20000)
+    As = [well_conditioned(rng, (5, 5), np.float64) for _ in range(6)]
+    rs = await asyncio.gather(*(put(client, f"p{i}", A, "binary") for i, A in enumerate(As)))
+    assert [r.status_code for r in rs] == [201] * 6
+    B = np.ones((5, 1))
+    Xs = await asyncio.gather(*(solve(client, f"p{i}", B, "binary") for i in range(6)))
+    for A, X in zip(As, Xs, strict=True):
+        same(X, lu_core.lu_solve(*lu_core.lu_factor(A), B))
