@@ -65,8 +65,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     ready = threading.Event()
 
     def set_ready() -> None:
-        ready.set()
         log.info("ready on the %s (%s)", device.kind.upper(), device.name, extra={"device": device.describe()})
+        ready.set()
 
     def warm_then_ready() -> None:
         # Runs beside the event loop: the port already answers, /readyz says 503 until this ends.

@@ -242,6 +242,9 @@ def test_the_real_process_opens_its_port_before_it_is_ready():
     srv = Server(LU_WARMUP="true")
     try:
         srv.wait_ready()
+        deadline = time.monotonic() + 30  # the log is read by a thread: let it catch up
+        while "ready on the CPU" not in "".join(srv.log) and time.monotonic() < deadline:
+            time.sleep(0.05)
         text = "".join(srv.log)
         assert (
             text.index("listening on http://127.0.0.1")
