@@ -22,7 +22,6 @@ from service.errors import ServiceError
 __all__ = ["ASSETS", "router"]
 
 
-
 async def _docs_key(request: Request) -> None:
     if not request.app.state.settings.docs_public:
         await require_api_key(request)
