@@ -14,15 +14,24 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# Installs what is needed and starts the HTTP service (LU_ variables configure it;
-# on a host without a GPU it computes on the CPU and says so).
+# Installs the service and the client (the README's client examples import it) and starts
+# the HTTP service (LU_ variables or ARGS="--port 9000 ..." configure it; on a host without
+# a GPU it computes on the CPU and says so).
+ARGS ?=
 serve: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]"
-	$(BIN)/python -m service
+	$(BIN)/python -m pip install --quiet -e ".[$(EXTRAS)]" -e ./clients
+	$(BIN)/python -m service $(ARGS)
 
 # Installs the project with its dev extras, checks lint and format, runs every test.
+# The kserve wheel is only downloaded, never installed: tests/deploy reads its resource
+# models to check deploy/kserve/kserve.schema.json (installing it would bring pandas, grpcio-tools,
+# the kubernetes client and its protobuf/starlette pins into the dev environment).
+KSERVE_VERSION ?= 0.21.0
 test: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[dev]" -e ./clients
+	@test -f .cache/wheels/kserve-$(KSERVE_VERSION)-py3-none-any.whl || \
+	  $(BIN)/python -m pip download --quiet --no-deps --dest .cache/wheels kserve==$(KSERVE_VERSION) || \
+	  echo "kserve wheel not downloaded: the KServe schema drift check will skip"
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest
@@ -39,4 +48,4 @@ calibrate: $(BIN)/python
 	$(BIN)/python -m bench.calibrate_cpu
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .cache .pytest_cache .ruff_cache .hypothesis build *.egg-info

@@ -88,7 +88,8 @@ def start_server(defaults: bool = False, **settings: str) -> tuple[subprocess.Po
             if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
                 return proc, url
         except httpx.TransportError:
-            time.sleep(0.2)
+            pass  # the port is not open yet
+        time.sleep(0.2)  # also while /readyz says 503 (warming up): polling must not slow the warm-up
     proc.kill()
     raise SystemExit("the service did not become ready")
 

@@ -1,32 +1,78 @@
-"""``python -m service``: read the LU_ settings, pick the device, serve with uvicorn."""
+"""``python -m service`` / ``lu-service``: parse flags and LU_ settings, open the port, then serve.
+
+The order matters to orchestrators: the port is bound before anything slow happens
+(importing lu_core and Numba, picking the device, warm-up), so a busy port fails at
+once with a clear message, and ``/readyz`` answers 503 while warm-up runs in the
+background instead of the connection being refused.
+"""
 
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 
-import uvicorn
 from pydantic import ValidationError
 
-from service.app import create_app
+from service.cli import build_parser, overrides
 from service.config import Settings
-from service.device import DeviceUnavailableError
 from service.logs import configure_logging
-from service.protocol import bounded_protocol
+
+log = logging.getLogger("service")
+
+# Exit statuses: 2 for what the operator must change (flags, settings, a missing GPU), 1 for the port.
+EXIT_CONFIG = 2
+EXIT_LISTEN = 1
 
 
-def main() -> int:
+def listen(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port``; raises :class:`OSError` (address in use, bad address)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        settings = Settings()
+        # As uvicorn does: a restart may reuse a port whose old connections sit in TIME_WAIT.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings(**overrides(args))
     except ValidationError as exc:
-        print(f"lu-service: invalid LU_ settings:\n{exc}", file=sys.stderr)
-        return 2
+        print(f"lu-service: invalid settings:\n{exc}", file=sys.stderr)
+        return EXIT_CONFIG
     configure_logging(settings.log_level, settings.log_json)
+    try:
+        sock = listen(settings.host, settings.port)
+    except OSError as exc:
+        log.error(
+            "cannot listen on %s:%d: %s (is another server using it? pick another with --port or LU_PORT)",
+            settings.host,
+            settings.port,
+            exc.strerror or exc,
+        )
+        return EXIT_LISTEN
+    log.info("listening on http://%s:%d", settings.host, sock.getsockname()[1])
+
+    # Imported here, after the port is ours: these take seconds on a cold start.
+    import uvicorn
+
+    from service.app import create_app
+    from service.device import DeviceUnavailableError
+    from service.protocol import bounded_protocol
+
     try:
         app = create_app(settings)
     except DeviceUnavailableError as exc:
-        logging.getLogger("service").error("%s", exc)
-        return 2
+        log.error("%s", exc)
+        sock.close()
+        return EXIT_CONFIG
     protocol = bounded_protocol(
         read_timeout_s=settings.read_timeout_s,
         min_upload_rate=settings.min_upload_rate,
@@ -34,17 +80,18 @@ def main() -> int:
         max_header_bytes=settings.max_header_bytes,
         on_refusal=app.state.metrics.protocol_refusal,
     )
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        http=protocol,
-        timeout_keep_alive=settings.keep_alive_s,
-        log_config=None,  # configure_logging owns the format
-        access_log=False,  # service.middleware writes one structured line per request
-        timeout_graceful_shutdown=settings.graceful_shutdown_s,
-        proxy_headers=True,
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            http=protocol,
+            timeout_keep_alive=settings.keep_alive_s,
+            log_config=None,  # configure_logging owns the format
+            access_log=False,  # service.middleware writes one structured line per request
+            timeout_graceful_shutdown=settings.graceful_shutdown_s,
+            proxy_headers=True,
+        )
     )
+    server.run(sockets=[sock])
     return 0
 
 

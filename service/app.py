@@ -64,21 +64,40 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     ready = threading.Event()
 
+    def set_ready() -> None:
+        log.info("ready on the %s (%s)", device.kind.upper(), device.name, extra={"device": device.describe()})
+        ready.set()
+
+    def warm_then_ready() -> None:
+        # Runs beside the event loop: the port already answers, /readyz says 503 until this ends.
+        # Requests that arrive meanwhile queue behind the warm-up job on the worker.
+        try:
+            seconds = worker.call(lambda: warm_up(device))
+        except Exception:
+            log.exception("warm-up failed; /readyz stays 503")
+            return
+        log.info("warm-up done in %.2f s", seconds)
+        set_ready()
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         worker.start()
+        warming = threading.Thread(target=warm_then_ready, name="lu-warm-up", daemon=True)
         if settings.warmup:
-            seconds = await anyio.to_thread.run_sync(worker.call, lambda: warm_up(device))
-            log.info("warm-up done in %.2f s", seconds)
-        ready.set()
-        log.info("ready on the %s (%s)", device.kind.upper(), device.name, extra={"device": device.describe()})
+            warming.start()
+        else:
+            set_ready()
         try:
             async with factorizations.sweeping(app.state.store):
                 yield
         finally:
             ready.clear()
-            # uvicorn has already drained in-flight requests; finish whatever is still queued.
+            # uvicorn has already drained in-flight requests; finish whatever is still queued
+            # (a warm-up still running included, so that the worker stops between jobs).
             await anyio.to_thread.run_sync(worker.stop, settings.graceful_shutdown_s)
+            if warming.is_alive():
+                await anyio.to_thread.run_sync(warming.join, settings.graceful_shutdown_s)
+            ready.clear()
             log.info("stopped")
 
     app = FastAPI(

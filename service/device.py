@@ -180,5 +180,5 @@ def select_device(settings: Settings) -> Device:
     if settings.device == "gpu":
         raise DeviceUnavailableError(f"LU_DEVICE=gpu but no GPU is usable: {problem}")
     note = f"no GPU: {problem}; computing on the CPU"
-    log.warning("LU_DEVICE=auto found %s", note.upper())
+    log.warning("LU_DEVICE=auto: %s", note)
     return CpuDevice(note=note)

@@ -9,8 +9,9 @@
     lu-client factorization delete sys1                 # also: list, show NAME
 
 The server is ``--url`` (or ``LU_URL``, default http://127.0.0.1:8000); the key is
-``--api-key`` (or ``LU_API_KEY``). Errors print the server's message and request id
-and exit with status 1 (2 for usage errors).
+``--api-key`` (or ``LU_API_KEY``); these and ``--json``, ``--timeout``, ``--retries``
+and ``--progress`` go before or after the operation. Errors print the server's message
+and request id and exit with status 1 (2 for usage errors).
 """
 
 from __future__ import annotations
@@ -64,20 +65,52 @@ class _Progress:
         sys.stderr.flush()
 
 
+def _connection_options(defaults: bool) -> argparse.ArgumentParser:
+    """The options that apply to every operation, accepted before or after its name.
+
+    The subcommands get them with ``SUPPRESS`` defaults, so an option given before the
+    operation is not reset by the subcommand's parser.
+    """
+    common = argparse.ArgumentParser(add_help=False)
+
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    common.add_argument(
+        "--url", default=default(os.environ.get("LU_URL", "http://127.0.0.1:8000")), help="service URL ($LU_URL)"
+    )
+    common.add_argument("--api-key", default=default(os.environ.get("LU_API_KEY")), help="bearer token ($LU_API_KEY)")
+    common.add_argument(
+        "--json", action="store_true", default=default(False), help="send JSON instead of the binary framing"
+    )
+    common.add_argument("--timeout", type=float, default=default(600.0), help="seconds per request (default 600)")
+    common.add_argument(
+        "--retries", type=int, default=default(2), help="retries on connection errors, 429 and 503 (default 2)"
+    )
+    common.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=default(None),
+        help="progress bar (default: on a terminal)",
+    )
+    return common
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="lu-client", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="lu-client",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[_connection_options(defaults=True)],
     )
-    parser.add_argument("--url", default=os.environ.get("LU_URL", "http://127.0.0.1:8000"), help="service URL")
-    parser.add_argument("--api-key", default=os.environ.get("LU_API_KEY"), help="bearer token (default: $LU_API_KEY)")
-    parser.add_argument("--json", action="store_true", help="send JSON instead of the binary framing")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request (default 600)")
-    parser.add_argument("--retries", type=int, default=2, help="retries on connection errors, 429 and 503")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
+    per_operation = _connection_options(defaults=False)
     ops = parser.add_subparsers(dest="op", required=True, metavar="operation")
     for op, (inputs, outputs) in OPERATIONS.items():
         sub = ops.add_parser(
-            op, aliases=[op.replace("_", "-")], help=f"inputs {', '.join(inputs)} -> {', '.join(outputs)}"
+            op,
+            aliases=[op.replace("_", "-")],
+            help=f"inputs {', '.join(inputs)} -> {', '.join(outputs)}",
+            parents=[per_operation],
         )
         sub.add_argument(
             "files",
@@ -133,6 +166,10 @@ def _stored(client: LUClient, args: argparse.Namespace) -> int:
     return 0
 
 
+class _UsageError(Exception):
+    """The command line names inputs that do not fit the operation (exit status 2)."""
+
+
 def _load(files: list[Path], names: tuple[str, ...]) -> dict[str, np.ndarray]:
     arrays: dict[str, np.ndarray] = {}
     positional = iter(n for n in names)
@@ -143,11 +180,11 @@ def _load(files: list[Path], names: tuple[str, ...]) -> dict[str, np.ndarray]:
         else:
             name = next((n for n in positional if n not in arrays), None)
             if name is None:
-                raise SystemExit(f"lu-client: too many input files (the inputs are {', '.join(names)})")
+                raise _UsageError(f"too many input files (the inputs are {', '.join(names)})")
             arrays[name] = np.load(path, allow_pickle=False)
     missing = [n for n in names if n not in arrays]
     if missing:
-        raise SystemExit(f"lu-client: missing input {', '.join(missing)} (the inputs are {', '.join(names)})")
+        raise _UsageError(f"missing input {', '.join(missing)} (the inputs are {', '.join(names)})")
     return arrays
 
 
@@ -203,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     inputs, outputs = OPERATIONS[op]
     try:
         arrays = _load(args.files, inputs)
+    except _UsageError as exc:
+        print(f"lu-client: {exc}", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as exc:
         print(f"lu-client: cannot read input: {exc}", file=sys.stderr)
         return 2

@@ -59,8 +59,8 @@ def test_errors_exit_non_zero_with_the_server_message(cli, tmp_path, capsys):
     assert "422 singular_matrix" in err and "request" in err
     assert not (tmp_path / "X.npy").exists()
     assert cli(["lu", str(tmp_path / "A.npy"), "-o", str(tmp_path / "plu.npy")]) != 0  # three outputs need .npz
-    with pytest.raises(SystemExit, match="missing input B"):
-        cli(["solve", str(tmp_path / "A.npy"), "-o", str(tmp_path / "X.npy")])
+    assert cli(["solve", str(tmp_path / "A.npy"), "-o", str(tmp_path / "X.npy")]) == 2
+    assert "missing input B" in capsys.readouterr().err
     assert cli(["--api-key", "nope", "lu", str(tmp_path / "A.npy"), "-o", str(tmp_path / "p.npz")]) == 1
     assert "401 unauthorized" in capsys.readouterr().err
 
@@ -115,3 +115,57 @@ def test_unreadable_input_files_exit_2_without_a_request(cli, tmp_path, capsys):
         assert cli(args) == 2, bad
         assert "cannot read input" in capsys.readouterr().err
     assert not (tmp_path / "X.npy").exists()
+
+
+def test_usage_errors_exit_2_without_a_request(cli, tmp_path, capsys):
+    np.save(tmp_path / "A.npy", np.eye(2))
+    np.save(tmp_path / "B.npy", np.ones(2))
+    a, b, x = (str(tmp_path / n) for n in ("A.npy", "B.npy", "X.npy"))
+    assert cli(["solve", a, "-o", x]) == 2  # missing input
+    assert "missing input B" in capsys.readouterr().err
+    assert cli(["solve", a, b, a, "-o", x]) == 2  # one input too many
+    assert "too many input files" in capsys.readouterr().err
+    for args in (
+        ["solve", a, b],
+        ["solve", a, b, "-o", x, "--no-pivot"],
+        ["nope", a, "-o", x],
+        ["solve", a, b, "-o", x, "--timeout", "soon"],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            cli(args)
+        assert exc.value.code == 2, args
+    assert not (tmp_path / "X.npy").exists()
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_connection_options_go_before_or_after_the_operation(live_server, monkeypatch, tmp_path, rng, where):
+    monkeypatch.delenv("LU_URL", raising=False)
+    monkeypatch.delenv("LU_API_KEY", raising=False)
+    A = well_conditioned(rng, (2, 3, 3), np.float64)
+    B = rng.standard_normal((2, 3))
+    np.save(tmp_path / "A.npy", A)
+    np.save(tmp_path / "B.npy", B)
+    common = [
+        "--url",
+        live_server,
+        "--api-key",
+        "live-key",
+        "--json",
+        "--timeout",
+        "30",
+        "--retries",
+        "0",
+        "--no-progress",
+    ]
+    op = ["solve", str(tmp_path / "A.npy"), str(tmp_path / "B.npy"), "-o", str(tmp_path / "X.npy")]
+    assert main(common + op if where == "before" else op + common) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "X.npy"), lu_core.solve(A, B))
+
+
+def test_an_option_given_before_the_operation_is_not_reset_by_it():
+    from lu_client._cli import _parser
+
+    args = _parser().parse_args(["--url", "http://a:1", "--retries", "5", "lu", "A.npy", "-o", "o.npz"])
+    assert (args.url, args.retries, args.timeout, args.json) == ("http://a:1", 5, 600.0, False)
+    args = _parser().parse_args(["--url", "http://a:1", "lu", "A.npy", "-o", "o.npz", "--url", "http://b:2"])
+    assert args.url == "http://b:2"  # the later one wins, as usual on a command line

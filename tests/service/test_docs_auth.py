@@ -28,3 +28,11 @@ async def test_docs_open_without_a_key(client):
     for path in DOCS:
         assert (await client.get(path)).status_code == 200, path
     assert "lu_factor" in (await client.get("/openapi.json")).text
+
+
+async def test_the_assets_follow_the_pages(make_client):
+    closed = await make_client(api_key="k1")
+    assert (await closed.get("/docs/assets/swagger-ui.css")).status_code == 401
+    assert (await closed.get("/docs/assets/swagger-ui.css", headers={"authorization": "Bearer k1"})).status_code == 200
+    opened = await make_client(api_key="k1", docs_public=True)
+    assert (await opened.get("/docs/assets/redoc.standalone.js")).status_code == 200

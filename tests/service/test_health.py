@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 
+import anyio
 import pytest
 
 from service.config import Settings
@@ -33,8 +34,10 @@ async def test_readyz_is_503_until_warm(make_client):
 
 
 async def test_warmup_runs_every_operation_before_ready(make_client):
-    client = await make_client(warmup=True)
-    assert (await client.get("/readyz")).status_code == 200
+    client = await make_client(warmup=True)  # the warm-up runs in the background: 503, then 200
+    with anyio.fail_after(180):
+        while (await client.get("/readyz")).status_code != 200:
+            await anyio.sleep(0.05)
     metrics = (await client.get("/metrics")).text
     assert "lu_device_info" in metrics
 

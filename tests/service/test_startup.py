@@ -1,0 +1,256 @@
+"""Starting the service: the command line, the port opened before warm-up, readiness while warming up."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+
+import service.app as app_module
+from service.__main__ import main as service_main
+from service.app import create_app
+from service.cli import FLAGS, build_parser, overrides, service_version
+from service.config import Settings
+from tests.service.conftest import make_settings
+from tests.service.test_e2e import ROOT, Server, free_port
+
+
+def run_service(*args: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "LU_DEVICE": "cpu", "LU_LOG_JSON": "false", **env}
+    return subprocess.run(
+        [sys.executable, "-m", "service", *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def test_help_lists_every_flag_with_its_variable_and_starts_nothing():
+    done = run_service("--help", timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: lu-service")
+    for name in FLAGS:
+        assert f"--{name.replace('_', '-')}" in done.stdout and f"LU_{name.upper()}" in done.stdout
+    assert "listening" not in done.stderr
+
+
+def test_version():
+    done = run_service("--version", timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"lu-service {service_version()}"
+    assert service_version()[0].isdigit()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--port", "70000"], "invalid settings"),  # out of range: pydantic's bound, from Settings
+        (["--port", "eighty"], "invalid int value"),
+        (["--port", "-1"], "invalid settings"),
+        (["--device", "tpu"], "invalid choice"),
+        (["--max-queue", "0"], "invalid settings"),
+        (["--max-request-bytes", "1e400"], "invalid int value"),
+        (["--graceful-shutdown-s", "nan"], "invalid settings"),
+        (["--log-level", "LOUD"], "invalid choice"),
+        (["--no-such-flag"], "unrecognized arguments"),
+        (["--api-key", "secret"], "unrecognized arguments"),  # secrets stay out of process lists
+        (["--port"], "expected one argument"),
+    ],
+)
+def test_bad_flags_exit_2_with_a_message(args, message, capsys):
+    # In-process: the same main() as the command, without paying an interpreter start per case.
+    try:
+        status = service_main(args)
+    except SystemExit as exc:  # argparse's own usage errors
+        status = exc.code
+    assert status == 2, args
+    assert message in capsys.readouterr().err
+
+
+def test_flags_override_the_environment(monkeypatch):
+    monkeypatch.setenv("LU_PORT", "1234")
+    monkeypatch.setenv("LU_LOG_JSON", "true")
+    monkeypatch.setenv("LU_MAX_QUEUE", "7")
+    args = build_parser().parse_args(["--port", "4321", "--no-log-json", "--device", "cpu", "--no-warmup"])
+    settings = Settings(**overrides(args))
+    assert (settings.port, settings.log_json, settings.device, settings.warmup) == (4321, False, "cpu", False)
+    assert settings.max_queue == 7  # not given as a flag: the environment decides
+    assert overrides(build_parser().parse_args([])) == {}
+
+
+def test_every_flag_is_a_setting():
+    assert set(FLAGS) <= set(Settings.model_fields)
+    assert "api_key" not in FLAGS
+
+
+def test_a_started_server_takes_its_flags_over_the_environment():
+    port = free_port()
+    with socket.socket() as busy:  # the environment names a port that is taken: the flag must win
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        env = {"LU_PORT": str(busy.getsockname()[1]), "LU_DEVICE": "gpu", "CUDA_VISIBLE_DEVICES": ""}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service", "--port", str(port), "--device", "cpu", "--no-warmup", "--max-queue", "3"],
+            cwd=ROOT, env={**os.environ, **env}, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            body = _wait_ready(f"http://127.0.0.1:{port}", proc)
+            assert body["device"]["kind"] == "cpu" and body["queue"]["max"] == 3
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=60)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[str], timeout: float = 180) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+        try:
+            r = httpx.get(f"{url}/readyz", timeout=2)
+            if r.status_code == 200:
+                return r.json()
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("not ready")
+
+
+# ---------------------------------------------------------------- the port first
+
+
+def test_a_port_in_use_fails_before_anything_slow():
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        done = run_service("--port", str(port), timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in done.stderr and "in use" in done.stderr
+    # It failed before choosing the device (let alone warming up): nothing heavy was started.
+    assert "computing on" not in done.stderr and "warm-up" not in done.stderr
+
+
+def test_an_address_that_cannot_be_bound_fails_the_same_way():
+    done = run_service("--host", "203.0.113.7", "--port", str(free_port()), timeout=60)  # TEST-NET-3: not ours
+    assert done.returncode == 1 and "cannot listen on 203.0.113.7" in done.stderr, done.stderr
+
+
+class _LiveApp:
+    """An app served by uvicorn on loopback in a thread, as ``python -m service`` serves it."""
+
+    def __init__(self, **settings) -> None:
+        self.app = create_app(make_settings(**settings))
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_config=None, access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> _LiveApp:
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{self.url}/healthz", timeout=2)
+                return self
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise AssertionError("the port never opened")
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+@pytest.fixture
+def held_warm_up(monkeypatch) -> Iterator[tuple[threading.Event, threading.Event]]:
+    """Warm-up that waits for the test's go-ahead, then runs the real warm-up."""
+    started, release = threading.Event(), threading.Event()
+    real = app_module.warm_up
+
+    def held(device):
+        started.set()
+        release.wait(120)
+        return real(device)
+
+    monkeypatch.setattr(app_module, "warm_up", held)
+    yield started, release
+    release.set()
+
+
+def test_readyz_answers_503_while_warming_up_then_200(held_warm_up):
+    started, release = held_warm_up
+    with _LiveApp(warmup=True) as live:
+        assert started.wait(60)
+        assert httpx.get(f"{live.url}/healthz").status_code == 200
+        r = httpx.get(f"{live.url}/readyz")
+        assert r.status_code == 503 and r.json()["status"] == "starting"
+        assert httpx.get(f"{live.url}/v2/health/ready").status_code == 503
+        assert httpx.get(f"{live.url}/v2/health/live").status_code == 200
+
+        # A request sent while warming up waits behind the warm-up instead of failing.
+        answers: list[httpx.Response] = []
+        sender = threading.Thread(
+            target=lambda: answers.append(
+                httpx.post(f"{live.url}/solve", json={"A": [[3, 1], [1, 2]], "B": [9, 8]}, timeout=120)
+            )
+        )
+        sender.start()
+        time.sleep(0.3)
+        assert not answers
+        release.set()
+        sender.join(120)
+        assert answers[0].status_code == 200 and answers[0].json()["X"]["data"] == [2.0, 3.0]
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{live.url}/readyz").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert httpx.get(f"{live.url}/v2/health/ready").status_code == 200
+
+
+def test_a_failed_warm_up_keeps_readyz_at_503(monkeypatch, caplog):
+    def broken(device):
+        raise RuntimeError("the device fell over")
+
+    monkeypatch.setattr(app_module, "warm_up", broken)
+    caplog.set_level(logging.ERROR, logger="service")
+    with _LiveApp(warmup=True) as live:
+        deadline = time.monotonic() + 60
+        while "warm-up failed" not in caplog.text:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert httpx.get(f"{live.url}/readyz").status_code == 503
+        assert httpx.get(f"{live.url}/healthz").status_code == 200
+
+
+def test_the_real_process_opens_its_port_before_it_is_ready():
+    """`python -m service` logs `listening` before the device is chosen and the warm-up starts."""
+    srv = Server(LU_WARMUP="true")
+    try:
+        srv.wait_ready()
+        deadline = time.monotonic() + 30  # the log is read by a thread: let it catch up
+        while "ready on the CPU" not in "".join(srv.log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        text = "".join(srv.log)
+        assert (
+            text.index("listening on http://127.0.0.1")
+            < text.index("computing on the CPU")
+            < text.index("warm-up done")
+        )
+        assert text.index("warm-up done") < text.index("ready on the CPU")
+    finally:
+        srv.stop()
