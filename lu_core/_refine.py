@@ -40,6 +40,7 @@ __all__ = ["GPU_FACTOR_TYPES", "RefinedSolution", "solve_refined"]
 GPU_FACTOR_TYPES = ("tf32", "float16", "bfloat16")
 
 _SINGLE = {np.dtype(np.float64): np.dtype(np.float32), np.dtype(np.complex128): np.dtype(np.complex64)}
+_WIDE = {v: k for k, v in _SINGLE.items()}
 
 
 class RefinedSolution(NamedTuple):
@@ -179,7 +180,17 @@ def _fall_back(
 
 
 def backward_errors(xp: Any, a3: Any, idx: np.ndarray, bw: Any, x: Any, r: Any) -> Any:
-    """``max_j ||r_j||_inf / (||A||_inf ||x_j||_inf + ||b_j||_inf)`` per problem, float64."""
+    """``max_j ||r_j||_inf / (||A||_inf ||x_j||_inf + ||b_j||_inf)`` per problem, float64.
+
+    Single-precision systems get their residual recomputed in double precision:
+    a float32 residual of a refined solution is mostly rounding (often exactly 0).
+    """
+    wide = _WIDE.get(np.dtype(a3.dtype))
+    if wide is not None:
+        a3, bw, x = a3.astype(wide), bw.astype(wide), x.astype(wide)
+        r = _residual(
+            xp, a3, idx, None, bw, x, a3.shape[0] == bw.shape[0] and bool(np.array_equal(idx, np.arange(idx.size)))
+        )
     anorm = xp.abs(a3).sum(axis=-1).max(axis=-1).astype(np.float64)[xp.asarray(idx)]
     rn, xn, bn = (_inf_norms(xp, v).astype(np.float64) for v in (r, x, bw))
     with np.errstate(all="ignore"):
