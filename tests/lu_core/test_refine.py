@@ -172,7 +172,12 @@ def test_singular_raises_naming_the_batch_index(rng):
 
 @pytest.mark.parametrize(
     ("a_shape", "b_shape", "x_shape"),
-    [((0, 4, 4), (0, 4, 1), (0, 4, 1)), ((0, 0), (0, 3), (0, 3)), ((3, 3), (3, 0), (3, 0)), ((2, 0, 0), (2, 0), (2, 0))],
+    [
+        ((0, 4, 4), (0, 4, 1), (0, 4, 1)),
+        ((0, 0), (0, 3), (0, 3)),
+        ((3, 3), (3, 0), (3, 0)),
+        ((2, 0, 0), (2, 0), (2, 0)),
+    ],
 )
 def test_empty(a_shape, b_shape, x_shape):
     X, it, berr = lu_core.solve_refined(np.ones(a_shape), np.ones(b_shape))
