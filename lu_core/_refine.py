@@ -299,6 +299,10 @@ def _solve_left(
         # Nothing to solve (0x0 systems are not singular, as in solve): zero steps, zero error.
         return xp.zeros((*out_batch, n, k), a.dtype), xp.zeros(out_batch, np.int32), xp.zeros(out_batch, np.float64)
     a3 = a.reshape(nA, n, n)
+    if xp is np and not a3.flags.aligned:
+        # NumPy computes products of unaligned data (e.g. views into a request body) without BLAS,
+        # rounding differently: one aligned copy keeps the answer independent of where A lives.
+        a3 = a3.copy(order="K")
     bw = xp.empty((P, n, k), a.dtype)
     bw.reshape(*out_batch, n, k)[...] = xp.broadcast_to(b, (*out_batch, n, k))
     idx = broadcast_index(a_batch, out_batch)
