@@ -89,7 +89,8 @@ def estimate_inverse_norms(be: Backend, lu3: Any, skip: np.ndarray, one_norm: bo
     it = np.zeros(nb, np.int64)
     jump = np.where(skip, 0, 1)  # 0: done
     need = np.ones(nb, np.int8)  # 1: apply B = (U^-1 L^-1 or its transpose for inf), 2: apply B^H
-    alt = xp.asarray([(-1.0) ** i * (1.0 + i / max(n - 1, 1)) for i in range(n)], dtype=dt)
+    steps = np.arange(n)
+    alt = xp.asarray(np.where(steps % 2, -1.0, 1.0) * (1.0 + steps / max(n - 1, 1)), dtype=dt)  # ?lacn2's last test
 
     def apply(rows: np.ndarray, adjoint: bool) -> None:
         sel = xp.asarray(rows)
