@@ -28,7 +28,8 @@ import scipy.linalg
 from scipy.linalg import lapack
 
 import lu_core
-from bench._timing import interleaved, machine
+from bench._timing import interleaved as _interleaved
+from bench._timing import machine
 
 
 def _system(rng: np.random.Generator, batch: tuple[int, ...], n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,7 +52,12 @@ def _row(case: str, times: dict, ours: str, peer: str, goal: str, note: str = ""
 
 def run_cases(quick: bool, progress: Callable[[str], None]) -> list[dict]:
     rng = np.random.default_rng(0)
-    budget = 0.5 if quick else 6.0
+    budget = 0.2 if quick else 6.0
+    rounds = 3 if quick else 12
+
+    def interleaved(contenders: dict, budget_s: float) -> dict:
+        return _interleaved(contenders, budget_s=budget_s, max_rounds=rounds)
+
     n_big, batch_small, n_rcond = (256, 1000, 128) if quick else (2048, 10000, 1024)
     rows = []
 
