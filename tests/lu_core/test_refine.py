@@ -46,7 +46,8 @@ def test_matches_a_double_precision_solve(rng, dtype, a_shape, b_shape):
     eps = np.finfo(np.dtype(dtype)).eps
     n = a_shape[-1]
     assert np.abs(X - oracle).max() <= 100 * n * eps * max(1.0, np.abs(oracle).max())
-    np.testing.assert_allclose(berr, backward_error(A, X, B), rtol=1e-6, atol=1e-300)
+    # A residual at rounding level depends on the order of its sums: agree to that level.
+    np.testing.assert_allclose(berr, backward_error(A, X, B), rtol=1e-6, atol=np.sqrt(n) * eps)
     assert (berr <= 4 * np.sqrt(n) * eps).all()
 
 
