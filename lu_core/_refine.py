@@ -95,10 +95,48 @@ def _inf_norms(xp: Any, v: Any) -> Any:
     return xp.abs(v).max(axis=-2) if v.shape[-2] else xp.zeros(v.shape[:-2] + v.shape[-1:], v.real.dtype)
 
 
-def _residual(xp: Any, a3: Any, idx: np.ndarray, rows: Any, b: Any, x: Any, identity: bool) -> Any:
-    """``B - A X`` for the problems ``rows`` (None: all), one batched product."""
-    a_sel = a3 if identity and rows is None else a3[xp.asarray(idx if rows is None else idx[rows])]
-    return b - xp.matmul(a_sel, x)
+#: Most elements of one matrix's rows per block of a residual product or norm (blocks are also at
+#: most an eighth of the matrix): the temporaries stay small beside A.
+_BLOCK = 1 << 20
+
+
+def _row_step(n: int) -> int:
+    """Rows of A per block; it depends on ``n`` only, so a system's answer never depends on its batch."""
+    return max(16, min(_BLOCK // max(1, n), -(-n // 8)))  # at most an eighth of A per block
+
+
+def inf_norms(xp: Any, a3: Any) -> Any:
+    """``||A||_inf`` of each matrix, a block of rows at a time (no A-sized temporary); NaN propagates."""
+    nA, n, _ = a3.shape
+    out = xp.zeros(nA, np.finfo(a3.dtype).dtype)
+    step = _row_step(n)
+    chunk = max(1, (_BLOCK >> 4) // max(1, step * n))  # matrices per block
+    for b0 in range(0, nA, chunk):
+        part = out[b0 : b0 + chunk]
+        for lo in range(0, n, step):
+            row_sums = xp.abs(a3[b0 : b0 + chunk, lo : lo + step, :]).sum(axis=-1)
+            part[...] = xp.maximum(part, row_sums.max(axis=-1))
+    return out
+
+
+def _residual(xp: Any, a3: Any, idx: np.ndarray, rows: Any, b: Any, x: Any, identity: bool, dtype: Any = None) -> Any:
+    """``B - A X`` for the problems ``rows`` (None: all), in ``dtype`` (default A's), by blocks of rows.
+
+    Each block of A is copied before its product: the temporaries stay a block in size, and the
+    product never sees unaligned data (NumPy skips BLAS for it and rounds differently), so the
+    answer does not depend on where A lives.
+    """
+    dtype = np.dtype(dtype or a3.dtype)
+    sel = None if identity and rows is None else xp.asarray(idx if rows is None else idx[rows])
+    n = a3.shape[-1]
+    xw = x.astype(dtype, copy=False)
+    out = xp.empty(b.shape, dtype)
+    step = _row_step(n)
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        block = a3[:, lo:hi, :].astype(dtype) if sel is None else a3[sel, lo:hi, :].astype(dtype, copy=False)
+        out[:, lo:hi, :] = b[:, lo:hi, :] - xp.matmul(block, xw)
+    return out
 
 
 def refine(
@@ -115,7 +153,7 @@ def refine(
 
         if a3.shape[-1] <= _refine_kernels.REFINE_KERNEL_MAX_N:
             with np.errstate(all="ignore"):
-                x, iterations, r = _refine_kernels.refine(a3, bw, idx, low, max_iter)
+                x, iterations, r = _refine_kernels.refine(a3, bw, idx, low, max_iter, _WIDE.get(a3.dtype, a3.dtype))
                 fb = np.flatnonzero(iterations < 0)
                 if fb.size:
                     x, r = _fall_back(be, np, a3, bw, idx, fb, x, r, a_batch)
@@ -132,8 +170,8 @@ def _refine_batched(
     dtype = a3.dtype
     identity = nA == P and bool(np.array_equal(idx, np.arange(P)))
     with np.errstate(all="ignore"):
-        anorm = xp.abs(a3).sum(axis=-1).max(axis=-1)  # ||A||_inf per matrix
-        lu_low, piv_low, info_low = be.lu_factor_ex(a3.astype(low), True)
+        anorm = inf_norms(xp, a3)
+        lu_low, piv_low, info_low = be.lu_factor_ex(a3.astype(low, copy=False), True)
         piv0 = be.check_pivots(piv_low, n)
         low_max = float(np.finfo(low).max)
         usable = to_host((info_low.reshape(-1) == 0) & xp.isfinite(anorm) & (anorm <= low_max))
@@ -193,7 +231,7 @@ def _fall_back(
     pos = np.searchsorted(mats, idx[fb])
     sel = xp.asarray(fb)
     x[sel] = be.lu_solve(lu, be.check_pivots(piv, n), bw[sel], pos, (fb.size,), True, False)
-    r[sel] = _residual(xp, a3, idx, fb, bw[sel], x[sel], False)
+    r[sel] = _residual(xp, a3, idx, fb, bw[sel], x[sel], False, r.dtype)
     return x, r
 
 
@@ -204,12 +242,10 @@ def backward_errors(xp: Any, a3: Any, idx: np.ndarray, bw: Any, x: Any, r: Any) 
     a float32 residual of a refined solution is mostly rounding (often exactly 0).
     """
     wide = _WIDE.get(np.dtype(a3.dtype))
-    if wide is not None:
-        a3, bw, x = a3.astype(wide), bw.astype(wide), x.astype(wide)
-        r = _residual(
-            xp, a3, idx, None, bw, x, a3.shape[0] == bw.shape[0] and bool(np.array_equal(idx, np.arange(idx.size)))
-        )
-    anorm = xp.abs(a3).sum(axis=-1).max(axis=-1).astype(np.float64)[xp.asarray(idx)]
+    if wide is not None and r.dtype != wide:
+        identity = a3.shape[0] == bw.shape[0] and bool(np.array_equal(idx, np.arange(idx.size)))
+        r = _residual(xp, a3, idx, None, bw, x, identity, wide)
+    anorm = inf_norms(xp, a3).astype(np.float64)[xp.asarray(idx)]
     rn, xn, bn = (_inf_norms(xp, v).astype(np.float64) for v in (r, x, bw))
     with np.errstate(all="ignore"):
         den = anorm[:, None] * xn + bn
@@ -317,10 +353,6 @@ def _solve_left(
         # Nothing to solve (0x0 systems are not singular, as in solve): zero steps, zero error.
         return xp.zeros((*out_batch, n, k), a.dtype), xp.zeros(out_batch, np.int32), xp.zeros(out_batch, np.float64)
     a3 = a.reshape(nA, n, n)
-    if xp is np and not a3.flags.aligned:
-        # NumPy computes products of unaligned data (e.g. views into a request body) without BLAS,
-        # rounding differently: one aligned copy keeps the answer independent of where A lives.
-        a3 = a3.copy(order="K")
     bw = xp.empty((P, n, k), a.dtype)
     bw.reshape(*out_batch, n, k)[...] = xp.broadcast_to(b, (*out_batch, n, k))
     idx = broadcast_index(a_batch, out_batch)

@@ -199,13 +199,13 @@ FACTOR_DTYPES = ("float32", "float64", "complex64", "complex128", "tf32", "float
 
 def _check_max_iter(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_ITER_LIMIT:
-        raise invalid("invalid_option", f"{key}: expected an integer in [0, {MAX_ITER_LIMIT}], got {value!r}")
+        raise invalid("invalid_option", f"{key}: expected an integer in [0, {MAX_ITER_LIMIT}], got {brief(value)}")
     return value
 
 
 def _check_factor_dtype(key: str, value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
-        raise invalid("invalid_option", f"{key}: expected null or one of {list(FACTOR_DTYPES)}, got {value!r}")
+        raise invalid("invalid_option", f"{key}: expected null or one of {list(FACTOR_DTYPES)}, got {brief(value)}")
     return value  # lu_core checks the name against the device (422 unsupported_factor_dtype)
 
 

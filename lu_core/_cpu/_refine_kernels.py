@@ -77,10 +77,12 @@ def _solve(lu, piv, d):
 
 
 @nb.njit(**_JIT)
-def refine_small(a, idx, b, x, r, iters, low, max_iter, eps, low_max):
+def refine_small(a, idx, b, x, r, rw, iters, low, max_iter, eps, low_max):
     """Refine ``a[idx[t]] x[t] = b[t]`` for every ``t``; ``low`` is an empty array of the factor dtype.
 
-    ``x`` and ``r`` (the final residual) are written; ``iters[t]`` is the steps taken or -1.
+    ``x``, ``r`` (the residual, working precision) and ``rw`` (the final residual computed in
+    ``rw``'s precision, double for single-precision input: the backward error's) are written;
+    ``iters[t]`` is the steps taken or -1.
     """
     nprob, n, k = b.shape
     scale = np.sqrt(n) * eps
@@ -144,20 +146,36 @@ def refine_small(a, idx, b, x, r, iters, low, max_iter, eps, low_max):
                 if converged:
                     steps = step
                     break
+        # The final residual again, in rw's precision (operands widened before the products).
+        RW = rw[t]
+        xw = np.empty(n, dtype=rw.dtype)
+        aw = np.empty(n, dtype=rw.dtype)
+        for c in range(k):
+            for j in range(n):
+                xw[j] = X[j, c]
+            for i in range(n):
+                for j in range(n):
+                    aw[j] = A[i, j]
+                RW[i, c] = B[i, c]
+                acc = RW[i, c]
+                for j in range(n):
+                    acc -= aw[j] * xw[j]
+                RW[i, c] = acc
         iters[t] = steps
 
 
 def refine(
-    a3: np.ndarray, bw: np.ndarray, idx: np.ndarray, low: np.dtype, max_iter: int
+    a3: np.ndarray, bw: np.ndarray, idx: np.ndarray, low: np.dtype, max_iter: int, wide: np.dtype
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(X, iterations, residual)``; iterations -1 where the caller must fall back."""
+    """``(X, iterations, residual in wide)``; iterations -1 where the caller must fall back."""
     from lu_core._cpu.backend import _kernel_lock  # one parallel Numba region at a time
 
     x = np.empty_like(bw)
     r = np.empty_like(bw)
+    rw = np.empty(bw.shape, wide)
     iters = np.empty(bw.shape[0], np.int32)
     a = np.ascontiguousarray(a3)
     eps = float(np.finfo(a3.dtype).eps)
     with _kernel_lock:
-        refine_small(a, idx, bw, x, r, iters, np.empty(0, low), max_iter, eps, float(np.finfo(low).max))
-    return x, iters, r
+        refine_small(a, idx, bw, x, r, rw, iters, np.empty(0, low), max_iter, eps, float(np.finfo(low).max))
+    return x, iters, rw
