@@ -206,12 +206,14 @@ def _check_max_iter(key: str, value: Any) -> int:
 def _check_factor_dtype(key: str, value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
         raise invalid("invalid_option", f"{key}: expected null or one of {list(FACTOR_DTYPES)}, got {brief(value)}")
-    return value  # lu_core checks the name against the device (422 unsupported_factor_dtype)
+    if value is not None and value not in FACTOR_DTYPES:
+        raise invalid("unsupported_factor_dtype", f"{key}: {brief(value)} is not one of {list(FACTOR_DTYPES)}")
+    return value  # lu_core checks the name against the device (tf32, float16, bfloat16: GPU only)
 
 
 def _check_norm(key: str, value: Any) -> str:
     if value not in ("1", "inf") or not isinstance(value, str):
-        raise invalid("invalid_option", f'{key}: expected "1" or "inf", got {value!r}')
+        raise invalid("invalid_option", f'{key}: expected "1" or "inf", got {brief(value)}')
     return value
 
 
