@@ -1,6 +1,6 @@
 """``python -m bench``: every benchmark suite behind one command.
 
-    python -m bench                          # core-cpu, core-gpu (where a GPU is visible), service, batching
+    python -m bench                          # core-cpu, core-gpu (where a GPU is visible), service, batching, refine-*
     python -m bench --suite hostile          # memory and slow clients against default settings
     python -m bench --suite core-cpu service # some of them
     python -m bench --quick                  # small grids and short timings: a smoke test
@@ -16,7 +16,7 @@ import pathlib
 import sys
 import time
 
-from bench import batching, core_cpu, core_gpu, hostile, service
+from bench import batching, core_cpu, core_gpu, hostile, refine_cpu, refine_gpu, service
 
 SUITES = {
     "core-cpu": core_cpu.run,
@@ -24,6 +24,8 @@ SUITES = {
     "service": service.run,
     "batching": batching.run,
     "hostile": hostile.run,
+    "refine-cpu": refine_cpu.run,
+    "refine-gpu": refine_gpu.run,
 }
 
 

@@ -8,32 +8,43 @@ from __future__ import annotations
 
 from lu_core import _threads  # noqa: F401 - first: OpenMP settings before any runtime starts
 from lu_core._api import lu, lu_factor, lu_factor_ex, lu_solve, lu_unpack, pivots_to_permutation, solve
+from lu_core._det import SlogdetResult, det, slogdet
 from lu_core._errors import (
     DeviceMismatchError,
     DTypeError,
+    FactorDTypeError,
     InvalidInputError,
     LinAlgError,
     PivotError,
     ShapeError,
     SingularMatrixError,
 )
+from lu_core._rcond import lu_rcond
+from lu_core._refine import RefinedSolution, solve_refined
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DTypeError",
     "DeviceMismatchError",
+    "FactorDTypeError",
     "InvalidInputError",
     "LinAlgError",
     "PivotError",
+    "RefinedSolution",
     "ShapeError",
     "SingularMatrixError",
+    "SlogdetResult",
     "__version__",
+    "det",
     "lu",
     "lu_factor",
     "lu_factor_ex",
+    "lu_rcond",
     "lu_solve",
     "lu_unpack",
     "pivots_to_permutation",
+    "slogdet",
     "solve",
+    "solve_refined",
 ]

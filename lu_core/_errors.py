@@ -14,6 +14,7 @@ import numpy as np
 __all__ = [
     "DTypeError",
     "DeviceMismatchError",
+    "FactorDTypeError",
     "InvalidInputError",
     "LinAlgError",
     "PivotError",
@@ -40,6 +41,10 @@ class ShapeError(InvalidInputError):
 
 class DTypeError(InvalidInputError):
     """A dtype the library does not compute in (e.g. float16, bool, object)."""
+
+
+class FactorDTypeError(DTypeError):
+    """A ``factor_dtype`` that :func:`lu_core.solve_refined` cannot factor in on this device."""
 
 
 class PivotError(InvalidInputError):

@@ -79,6 +79,7 @@ def from_core(exc: lu_core.LinAlgError) -> ServiceError:
             extra={"indices": [list(i) for i in exc.indices], "info": exc.info},
         )
     codes = {
+        lu_core.FactorDTypeError: "unsupported_factor_dtype",  # before DTypeError, its base class
         lu_core.PivotError: "invalid_pivots",
         lu_core.DTypeError: "invalid_dtype",
         lu_core.ShapeError: "invalid_shape",

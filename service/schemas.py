@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.codec import DATATYPES, JSON_DTYPES
-from service.operations import Operation
+from service.operations import Operation, option_schema
 
 __all__ = ["native_openapi", "v2_openapi"]
 
@@ -83,7 +83,7 @@ def _errors() -> dict[str, Any]:
 
 def native_openapi(op: Operation) -> dict[str, Any]:
     props: dict[str, Any] = {name: _TENSOR for name in op.inputs}
-    props.update({k: {"type": "boolean", "default": v} for k, v in op.options.items()})
+    props.update({k: option_schema(v) for k, v in op.options.items()})
     request = {"type": "object", "required": list(op.inputs), "properties": props, "additionalProperties": False}
     response = {"type": "object", "properties": {name: _TENSOR_OUT for name in op.outputs}}
     return {
@@ -104,7 +104,7 @@ def v2_openapi(op: Operation) -> dict[str, Any]:
             "data": _NESTED,
         },
     }
-    params = {k: {"type": "boolean", "default": v} for k, v in op.options.items()}
+    params = {k: option_schema(v) for k, v in op.options.items()}
     params["binary_data_output"] = {"type": "boolean"}
     request = {
         "type": "object",

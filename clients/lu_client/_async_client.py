@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from lu_client._base import BaseClient, BodyBuffer, Call, vector_rhs
+from lu_client._base import BaseClient, BodyBuffer, Call, _refined_inputs, _refined_outputs, vector_rhs
 from lu_client._codec import to_numpy
 from lu_client._errors import APIConnectionError, APIStatusError, APITimeoutError
 from lu_client._factorization import AsyncRemoteFactorization
@@ -130,6 +130,36 @@ class AsyncLUClient(BaseClient):
 
     async def delete_factorization(self, name: str, *, timeout: Any = None) -> None:
         await self._send(self._bodyless_call("DELETE", name, "empty", timeout))
+
+    async def solve_refined(
+        self,
+        A: Any,
+        B: Any,
+        *,
+        left: bool = True,
+        factor_dtype: str | None = None,
+        max_iter: int = 30,
+        timeout: Any = None,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(X, iterations, backward_error)``: a low-precision LU refined to full accuracy (LAPACK dsgesv)."""
+        a, b, vector = _refined_inputs(A, B, left)
+        opts = {"left": left, "factor_dtype": factor_dtype, "max_iter": max_iter}
+        out = await self._run("solve_refined", {"A": a, "B": b}, opts, timeout)
+        return _refined_outputs(out, vector, left)
+
+    async def lu_rcond(self, LU: Any, pivots: Any, anorm: Any, *, norm: str = "1", timeout: Any = None) -> np.ndarray:
+        """LAPACK ?gecon's estimate of ``1 / (||A|| ||A^-1||)`` from a factorization."""
+        out = await self._run("lu_rcond", {"LU": LU, "pivots": pivots, "anorm": anorm}, {"norm": norm}, timeout)
+        return out["rcond"]
+
+    async def slogdet(self, A: Any, *, timeout: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(sign, logabsdet)``, as ``torch.linalg.slogdet``."""
+        out = await self._run("slogdet", {"A": A}, {}, timeout)
+        return out["sign"], out["logabsdet"]
+
+    async def det(self, A: Any, *, timeout: Any = None) -> np.ndarray:
+        """The determinant, as ``torch.linalg.det``."""
+        return (await self._run("det", {"A": A}, {}, timeout))["det"]
 
     # ------------------------------------------------------------------ I/O
 

@@ -35,6 +35,10 @@ OPERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "lu_solve": (("LU", "pivots", "B"), ("X",)),
     "lu": (("A",), ("P", "L", "U")),
     "solve": (("A", "B"), ("X",)),
+    "solve_refined": (("A", "B"), ("X", "iterations", "backward_error")),
+    "lu_rcond": (("LU", "pivots", "anorm"), ("rcond",)),
+    "slogdet": (("A",), ("sign", "logabsdet")),
+    "det": (("A",), ("det",)),
 }
 
 
@@ -258,3 +262,22 @@ def metadata_info(metadata: Mapping[str, Any]) -> np.ndarray | None:
 def vector_rhs(A: np.ndarray, B: np.ndarray) -> bool:
     """``torch.linalg.solve``'s rule: B is a (batch of) vector(s)."""
     return B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
+
+
+def _refined_inputs(A: Any, B: Any, left: bool) -> tuple[np.ndarray, np.ndarray, bool]:
+    """``solve_refined``'s inputs, a vector ``B`` sent as one column (so batches split like any other)."""
+    a, b = to_numpy(A, "A"), to_numpy(B, "B")
+    vector = vector_rhs(a, b)
+    if vector:
+        b = b[..., None] if left else b[..., None, :]
+    return a, b, vector
+
+
+def _refined_outputs(
+    out: Mapping[str, np.ndarray | None], vector: bool, left: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    X = out["X"]
+    assert X is not None
+    if vector:
+        X = X[..., 0] if left else X[..., 0, :]
+    return X, out["iterations"], out["backward_error"]  # type: ignore[return-value]

@@ -7,6 +7,10 @@
     lu-client factorization store A.npy --name sys1     # factor once, keep it on the server
     lu-client factorization solve sys1 B.npy -o X.npy  # send only B
     lu-client factorization delete sys1                 # also: list, show NAME
+    lu-client solve_refined A.npy B.npy -o refined.npz --max-iter 10   # X, iterations, backward_error
+    lu-client lu_rcond factors.npz anorm.npy -o rcond.npy --norm inf
+    lu-client slogdet A.npy -o slogdet.npz
+    lu-client det A.npy -o det.npy
 
 The server is ``--url`` (or ``LU_URL``, default http://127.0.0.1:8000); the key is
 ``--api-key`` (or ``LU_API_KEY``); these and ``--json``, ``--timeout``, ``--retries``
@@ -45,6 +49,22 @@ DEFAULTS = {
     "lu_solve": {"left": True, "adjoint": False, "check_errors": True},
     "lu": {"pivot": True},
     "solve": {"left": True, "check_errors": True},
+    "solve_refined": {"left": True},
+    "lu_rcond": {},
+    "slogdet": {},
+    "det": {},
+}
+# Options that take a value: (operation, option) -> (flag, type, default, help).
+VALUED: dict[tuple[str, str], tuple[str, Any, Any, str]] = {
+    ("solve_refined", "factor_dtype"): (
+        "--factor-dtype",
+        str,
+        None,
+        "precision of the factorization (default float32/complex64 for double input; tf32, float16, "
+        "bfloat16 on a GPU server)",
+    ),
+    ("solve_refined", "max_iter"): ("--max-iter", int, 30, "most refinement steps before falling back"),
+    ("lu_rcond", "norm"): ("--norm", str, "1", "'1' or 'inf'"),
 }
 
 
@@ -122,6 +142,9 @@ def _parser() -> argparse.ArgumentParser:
         for option, default in DEFAULTS[op].items():
             flag, text = FLAGS[option]
             sub.add_argument(flag, dest=option, action="store_const", const=not default, default=default, help=text)
+        for (owner, option), (flag, kind, default, text) in VALUED.items():
+            if owner == op:
+                sub.add_argument(flag, dest=option, type=kind, default=default, help=text)
         sub.set_defaults(canonical=op)
     _stored_parser(ops)
     return parser
@@ -214,6 +237,15 @@ def _call(client: LUClient, op: str, a: dict[str, np.ndarray], options: dict[str
         return {"X": client.lu_solve(a["LU"], a["pivots"], a["B"], **options)}
     if op == "lu":
         return dict(zip("PLU", client.lu(a["A"], **options), strict=True))
+    if op == "solve_refined":
+        outputs = client.solve_refined(a["A"], a["B"], **options)
+        return dict(zip(("X", "iterations", "backward_error"), outputs, strict=True))
+    if op == "lu_rcond":
+        return {"rcond": client.lu_rcond(a["LU"], a["pivots"], a["anorm"], **options)}
+    if op == "slogdet":
+        return dict(zip(("sign", "logabsdet"), client.slogdet(a["A"]), strict=True))
+    if op == "det":
+        return {"det": client.det(a["A"])}
     return {"X": client.solve(a["A"], a["B"], **options)}
 
 
@@ -247,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lu-client: cannot read input: {exc}", file=sys.stderr)
         return 2
     options = {k: getattr(args, k) for k in DEFAULTS[op]}
+    options.update({option: getattr(args, option) for owner, option in VALUED if owner == op})
     expected = _expected(op, options)
     if args.output.suffix != ".npz" and len(expected) != 1:
         print(f"lu-client: {op} returns {', '.join(expected)}: write them to an .npz file", file=sys.stderr)

@@ -11,7 +11,7 @@ import numpy as np
 __all__ = ["Limits", "Piece", "split"]
 
 Tensors = dict[str, np.ndarray]
-MATRIX_DIMS = {"A": 2, "LU": 2, "B": 2, "pivots": 1}  # trailing non-batch dims of each input
+MATRIX_DIMS = {"A": 2, "LU": 2, "B": 2, "pivots": 1, "anorm": 0}  # trailing non-batch dims of each input
 HEADROOM = 0.9  # of the server's limits, for the JSON header and rounding
 
 
@@ -39,9 +39,14 @@ def _output_elements(op: str, tensors: Mapping[str, np.ndarray]) -> int:
         a = tensors["A" if op == "lu" else "LU"]
         m, n = a.shape[-2:]
         return math.prod(a.shape[:-2]) * (m * m + m * min(m, n) + min(m, n) * n)
-    lhs = tensors["A" if op == "solve" else "LU"]
+    if op in ("lu_rcond", "slogdet", "det"):
+        a = tensors["A" if op != "lu_rcond" else "LU"]
+        return math.prod(a.shape[:-2]) * (2 if op == "slogdet" else 1)
+    lhs = tensors["LU" if op == "lu_solve" else "A"]
     b = tensors["B"]
-    return math.prod(np.broadcast_shapes(lhs.shape[:-2], b.shape[:-2])) * b.shape[-2] * b.shape[-1]
+    problems = math.prod(np.broadcast_shapes(lhs.shape[:-2], b.shape[:-2]))
+    extra = 2 * problems if op == "solve_refined" else 0  # iterations, backward_error
+    return problems * b.shape[-2] * b.shape[-1] + extra
 
 
 def split(

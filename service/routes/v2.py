@@ -9,7 +9,7 @@ from starlette.responses import Response
 
 from service.auth import require_api_key
 from service.errors import ServiceError
-from service.operations import OPERATIONS, Operation
+from service.operations import OPERATIONS, Operation, Option
 from service.pipeline import serve_v2
 from service.schemas import v2_openapi
 
@@ -19,7 +19,10 @@ router = APIRouter(prefix="/v2", dependencies=[Depends(require_api_key)], tags=[
 health_router = APIRouter(prefix="/v2", tags=["health"])
 
 VERSION = "1"
-_TENSOR_TYPES = {"pivots": "INT32", "info": "INT32"}
+_TENSOR_TYPES = {"pivots": "INT32", "info": "INT32", "iterations": "INT32"}
+# Matrix dimensions after the batch ones, for the metadata's shapes.
+_TRAILING = {"pivots": 1, "info": 0, "iterations": 0, "backward_error": 0, "anorm": 0, "rcond": 0}
+_TRAILING.update({"sign": 0, "logabsdet": 0, "det": 0})
 
 
 def _model(name: str, version: str | None = None) -> Operation:
@@ -38,7 +41,12 @@ def _tensor_meta(name: str, op_batch_rank: int) -> dict[str, Any]:
 
 def _metadata(op: Operation) -> dict[str, Any]:
     def rank(name: str) -> int:
-        return 1 if name in ("pivots",) else (0 if name == "info" else 2)
+        return _TRAILING.get(name, 2)
+
+    def parameter(spec: bool | Option) -> dict[str, Any]:
+        if isinstance(spec, Option):
+            return {"datatype": spec.datatype, "default": spec.default}
+        return {"datatype": "BOOL", "default": spec}
 
     return {
         "name": op.name,
@@ -46,7 +54,7 @@ def _metadata(op: Operation) -> dict[str, Any]:
         "platform": "lu_core",
         "inputs": [_tensor_meta(n, rank(n)) for n in op.inputs],
         "outputs": [_tensor_meta(n, rank(n)) for n in op.outputs],
-        "parameters": {k: {"datatype": "BOOL", "default": v} for k, v in op.options.items()},
+        "parameters": {k: parameter(v) for k, v in op.options.items()},
         "description": op.summary
         + " Any number of leading batch dimensions; FP32, FP64, COMPLEX64 and COMPLEX128 are accepted.",
     }

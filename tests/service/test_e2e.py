@@ -147,6 +147,55 @@ def test_tritonclient_drives_the_v2_endpoints(server, rng, binary):
     client.close()
 
 
+@pytest.mark.parametrize("binary", [True, False])
+def test_tritonclient_and_requests_drive_the_refined_rcond_and_det_models(server, rng, binary):
+    httpclient = pytest.importorskip("tritonclient.http")
+    requests = pytest.importorskip("requests")
+    client = httpclient.InferenceServerClient(url=f"127.0.0.1:{server.port}")
+
+    def tensor(name, arr, dt):
+        t = httpclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr, binary_data=binary)
+        return t
+
+    def infer(model, inputs, names, **parameters):
+        outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in names]
+        result = client.infer(model, inputs, outputs=outputs, parameters=parameters or None, headers=dict(AUTH))
+        return [result.as_numpy(n) for n in names]
+
+    A = rng.standard_normal((3, 12, 12)) + 12 * np.eye(12)
+    B = rng.standard_normal((3, 12, 2))
+    X, it, berr = infer(
+        "solve_refined", [tensor("A", A, "FP64"), tensor("B", B, "FP64")],
+        ("X", "iterations", "backward_error"), factor_dtype="float32", max_iter=20,
+    )  # fmt: skip
+    want = lu_core.solve_refined(A, B, factor_dtype="float32", max_iter=20)
+    np.testing.assert_array_equal(X, want.X)
+    np.testing.assert_array_equal(it, want.iterations)
+    np.testing.assert_array_equal(berr, want.backward_error)
+    LU, piv = lu_core.lu_factor(A)
+    anorm = np.abs(A).sum(axis=-1).max(axis=-1)
+    (rcond,) = infer(
+        "lu_rcond", [tensor("LU", LU, "FP64"), tensor("pivots", piv, "INT32"), tensor("anorm", anorm, "FP64")],
+        ("rcond",), norm="inf",
+    )  # fmt: skip
+    np.testing.assert_array_equal(rcond, lu_core.lu_rcond(LU, piv, anorm, norm="inf"))
+    sign, logabsdet = infer("slogdet", [tensor("A", A, "FP64")], ("sign", "logabsdet"))
+    np.testing.assert_array_equal(sign, lu_core.slogdet(A).sign)
+    np.testing.assert_array_equal(logabsdet, lu_core.slogdet(A).logabsdet)
+    (det,) = infer("det", [tensor("A", A, "FP64")], ("det",))
+    np.testing.assert_array_equal(det, lu_core.det(A))
+    client.close()
+    # The native routes with plain requests: an unsupported factor_dtype has its own code.
+    r = requests.post(
+        f"{server.url}/solve_refined", json={"A": A[0].tolist(), "B": B[0].tolist(), "factor_dtype": "float16"},
+        headers=AUTH, timeout=30,
+    )  # fmt: skip
+    assert r.status_code == 422 and r.json()["code"] == "unsupported_factor_dtype"
+    r = requests.post(f"{server.url}/det", json={"A": A[0].tolist()}, headers=AUTH, timeout=30)
+    assert r.status_code == 200 and np.isclose(r.json()["det"]["data"], lu_core.det(A[0]))
+
+
 def test_gpu_setting_without_a_gpu_fails_at_start():
     env = {**os.environ, "LU_DEVICE": "gpu", "LU_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run(

@@ -30,7 +30,12 @@ def tensors_for(op: str, dtype, b: int, n: int, k: int) -> dict[str, np.ndarray]
     B = rng.standard_normal((b, n, k)).astype(dtype)
     LU, piv = lu_core.lu_factor(A)
     LU = np.ascontiguousarray(LU)
+    anorm = np.abs(A).sum(axis=-2).max(axis=-1).real.astype(np.float64)
     return {
+        "solve_refined": {"A": A, "B": B},
+        "lu_rcond": {"LU": LU, "pivots": piv, "anorm": anorm},
+        "slogdet": {"A": A},
+        "det": {"A": A},
         "lu_factor": {"A": A},
         "lu": {"A": A},
         "lu_unpack": {"LU": LU, "pivots": piv},

@@ -1,0 +1,246 @@
+"""solve_refined against a float64 (complex128) solve, LAPACK dsgesv's fallback rule, and every error path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lu_core
+from tests.helpers import DTYPES, random_matrix, well_conditioned
+
+WIDE = {np.dtype(np.float32): np.float64, np.dtype(np.complex64): np.complex128}
+
+
+def conditioned(rng: np.random.Generator, n: int, cond: float, dtype=np.float64) -> np.ndarray:
+    """A = U diag(s) V^T with singular values from 1 down to 1/cond."""
+    u, _ = np.linalg.qr(random_matrix(rng, (n, n), dtype))
+    v, _ = np.linalg.qr(random_matrix(rng, (n, n), dtype))
+    return ((u * np.logspace(0, -np.log10(cond), n)) @ v.conj().T).astype(dtype)
+
+
+def backward_error(A: np.ndarray, X: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """The issue's definition, written out independently, in extended care (float64/complex128)."""
+    A, X, B = (np.asarray(v).astype(np.complex128 if np.iscomplexobj(v) else np.float64) for v in (A, X, B))
+    r = B - A @ X
+    anorm = np.abs(A).sum(axis=-1).max(axis=-1)
+    num = np.abs(r).max(axis=-2)
+    den = anorm[..., None] * np.abs(X).max(axis=-2) + np.abs(B).max(axis=-2)
+    return np.where(num == 0, 0.0, num / den).max(axis=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"),
+    [((1, 1), (1, 1)), ((4, 4), (4, 3)), ((2, 3, 5, 5), (2, 3, 5, 2)), ((2, 60, 60), (2, 60, 1)), ((40, 40), (40, 4))],
+)
+def test_matches_a_double_precision_solve(rng, dtype, a_shape, b_shape):
+    A = well_conditioned(rng, a_shape, dtype)
+    B = random_matrix(rng, b_shape, dtype)
+    X, iterations, berr = lu_core.solve_refined(A, B)
+    assert X.dtype == np.dtype(dtype) and X.shape == b_shape
+    assert iterations.dtype == np.int32 and iterations.shape == a_shape[:-2]
+    assert berr.dtype == np.float64 and berr.shape == a_shape[:-2]
+    assert (iterations >= 0).all()  # well conditioned: never falls back
+    wide = WIDE.get(np.dtype(dtype), dtype)
+    oracle = np.linalg.solve(A.astype(wide), B.astype(wide))
+    eps = np.finfo(np.dtype(dtype)).eps
+    n = a_shape[-1]
+    assert np.abs(X - oracle).max() <= 100 * n * eps * max(1.0, np.abs(oracle).max())
+    # A residual at rounding level depends on the order of its sums: agree to that level.
+    np.testing.assert_allclose(berr, backward_error(A, X, B), rtol=1e-6, atol=np.sqrt(n) * eps)
+    assert (berr <= 4 * np.sqrt(n) * eps).all()
+
+
+def test_well_conditioned_converges_and_ill_conditioned_falls_back(rng):
+    n = 64
+    good, bad = conditioned(rng, n, 1e3), conditioned(rng, n, 1e13)
+    b = rng.standard_normal(n)
+    X, it, berr = lu_core.solve_refined(good, b)
+    assert 0 < it <= 10  # float32's first solve is not enough; a few steps are
+    assert np.abs(X - np.linalg.solve(good, b)).max() <= 1e3 * 1e-15 * 50 * np.abs(X).max()
+    assert berr <= np.sqrt(n) * np.finfo(np.float64).eps
+    X, it, berr = lu_core.solve_refined(bad, b)
+    assert it == -1
+    np.testing.assert_array_equal(X, lu_core.solve(bad, b))  # the fallback is our double-precision solve
+    assert berr < 1e-15
+    # Mixed in one batch, each matrix decides for itself.
+    X, it, _ = lu_core.solve_refined(np.stack([good, bad, good]), np.stack([b, b, b]))
+    assert it[0] > 0 and it[1] == -1 and it[2] == it[0]
+    np.testing.assert_array_equal(X[1], lu_core.solve(bad, b))
+
+
+def test_complex_ill_conditioned_falls_back(rng):
+    A = conditioned(rng, 32, 1e13, np.complex128)
+    b = random_matrix(rng, (32, 2), np.complex128)
+    X, it, _ = lu_core.solve_refined(A, b)
+    assert it == -1
+    np.testing.assert_array_equal(X, lu_core.solve(A, b))
+
+
+def test_float32_overflow_falls_back(rng):
+    A = well_conditioned(rng, (2, 6, 6), np.float64)
+    A[1] *= 1e39  # beyond float32's range: sgetrf cannot see it
+    b = rng.standard_normal((2, 6))
+    X, it, _ = lu_core.solve_refined(A, b)
+    assert it[0] >= 0 and it[1] == -1
+    np.testing.assert_allclose(X, np.linalg.solve(A, b[..., None])[..., 0], rtol=1e-12)
+
+
+def test_max_iter_zero_falls_back_when_one_solve_is_not_enough(rng):
+    A = conditioned(rng, 32, 1e3)
+    b = rng.standard_normal(32)
+    _, it, _ = lu_core.solve_refined(A, b, max_iter=0)
+    assert it == -1
+    _, it, _ = lu_core.solve_refined(A, b, max_iter=30)
+    assert it > 0
+
+
+def test_broadcasting_vectors_and_right_side(rng):
+    A = well_conditioned(rng, (2, 1, 5, 5), np.float64)
+    B = rng.standard_normal((3, 5, 2))
+    X, it, berr = lu_core.solve_refined(A, B)
+    assert X.shape == (2, 3, 5, 2) and it.shape == (2, 3) and berr.shape == (2, 3)
+    np.testing.assert_allclose(X, np.linalg.solve(A, B), rtol=1e-12, atol=1e-14)
+    v = rng.standard_normal(5)
+    X, it, _ = lu_core.solve_refined(A[0, 0], v)
+    assert X.shape == (5,) and it.shape == ()
+    np.testing.assert_allclose(X, np.linalg.solve(A[0, 0], v), rtol=1e-12)
+    Bt = rng.standard_normal((2, 1, 3, 5))
+    X, _, _ = lu_core.solve_refined(A, Bt, left=False)
+    np.testing.assert_allclose(X @ A, Bt, atol=1e-12)
+    X, _, _ = lu_core.solve_refined(A[0, 0], v, left=False)
+    np.testing.assert_allclose(X @ A[0, 0], v, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("factor_dtype", "dtype", "exact_first"),
+    [
+        (None, np.float64, False),
+        ("float32", np.complex128, False),
+        ("complex64", np.complex128, False),
+        ("float64", np.float64, True),
+        (np.float64, np.float64, True),
+        (None, np.float32, True),
+    ],
+)
+def test_factor_dtypes(rng, factor_dtype, dtype, exact_first):
+    A = well_conditioned(rng, (3, 24, 24), dtype)
+    B = random_matrix(rng, (3, 24, 1), dtype)
+    _, it, berr = lu_core.solve_refined(A, B, factor_dtype=factor_dtype)
+    assert (it >= 0).all()
+    if exact_first:  # factored in the working precision: at most a step or two
+        assert (it <= 2).all()
+    assert (berr <= 4 * np.sqrt(24) * np.finfo(np.dtype(dtype)).eps).all()
+
+
+@pytest.mark.parametrize(
+    ("factor_dtype", "match"),
+    [
+        ("float16", "GPU only"),
+        ("tf32", "GPU only"),
+        ("bfloat16", "GPU only"),
+        (np.float16, "GPU only"),
+        ("int8", "unsupported"),
+        ("float128", "unsupported"),
+        ("nonsense", "unsupported"),
+        (3, "expected a dtype"),
+        (object(), "expected a dtype"),
+        ("complex64", "cannot factor real"),
+    ],
+)
+def test_unsupported_factor_dtype(rng, factor_dtype, match):
+    A = well_conditioned(rng, (3, 3), np.float64)
+    with pytest.raises(lu_core.FactorDTypeError, match=match) as excinfo:
+        lu_core.solve_refined(A, np.ones(3), factor_dtype=factor_dtype)
+    assert isinstance(excinfo.value, ValueError) and str(excinfo.value).startswith("factor_dtype:")
+    assert excinfo.value.argument == "factor_dtype"
+
+
+def test_factor_dtype_more_precise_than_the_input_is_refused():
+    with pytest.raises(lu_core.FactorDTypeError, match="more precise"):
+        lu_core.solve_refined(np.eye(2, dtype=np.float32), np.ones(2, np.float32), factor_dtype="float64")
+
+
+def test_singular_raises_naming_the_batch_index(rng):
+    A = well_conditioned(rng, (2, 3, 4, 4), np.float64)
+    A[1, 2] = 0.0
+    A[0, 1, :, 0] = 0.0
+    with pytest.raises(lu_core.SingularMatrixError) as excinfo:
+        lu_core.solve_refined(A, np.ones((2, 3, 4)))
+    assert excinfo.value.indices == [(0, 1), (1, 2)]
+    assert excinfo.value.function == "solve_refined"
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape", "x_shape"),
+    [
+        ((0, 4, 4), (0, 4, 1), (0, 4, 1)),
+        ((0, 0), (0, 3), (0, 3)),
+        ((3, 3), (3, 0), (3, 0)),
+        ((2, 0, 0), (2, 0), (2, 0)),
+    ],
+)
+def test_empty(a_shape, b_shape, x_shape):
+    X, it, berr = lu_core.solve_refined(np.ones(a_shape), np.ones(b_shape))
+    assert X.shape == x_shape and it.shape == a_shape[:-2] and berr.shape == a_shape[:-2]
+    assert (it == 0).all() and (berr == 0).all()
+
+
+def test_non_finite_input_falls_back_and_propagates(rng):
+    A = well_conditioned(rng, (2, 4, 4), np.float64)
+    B = np.ones((2, 4, 1))
+    B[1, 0, 0] = np.nan
+    A2 = A.copy()
+    A2[0, 1, 1] = np.inf
+    X, it, berr = lu_core.solve_refined(A, B)
+    assert it[0] >= 0 and it[1] == -1 and np.isnan(X[1]).all() and np.isnan(berr[1])
+    X, it, _ = lu_core.solve_refined(A2, B)
+    assert it[0] == -1  # what a double-precision LU makes of an infinite entry, as solve does
+    np.testing.assert_array_equal(X[0], lu_core.solve(A2[0], B[0]))
+
+
+@pytest.mark.parametrize(
+    ("A", "B", "kwargs", "error", "argument"),
+    [
+        (np.ones(3), np.ones(3), {}, lu_core.ShapeError, "A"),
+        (np.ones((3, 4)), np.ones(3), {}, lu_core.ShapeError, "A"),
+        (np.eye(3), np.ones((4, 1)), {}, lu_core.ShapeError, "B"),
+        (np.eye(3), np.ones((1, 4)), {"left": False}, lu_core.ShapeError, "B"),
+        (np.ones((2, 3, 3)), np.ones((3, 3, 1)), {}, lu_core.ShapeError, "A, B"),
+        (np.eye(3), np.array(1.0), {}, lu_core.ShapeError, "B"),
+        (np.eye(3).astype(bool), np.ones(3), {}, lu_core.DTypeError, "A"),
+        (np.eye(3), np.array(["a", "b", "c"]), {}, lu_core.DTypeError, "B"),
+        (np.eye(3), np.ones(3), {"max_iter": -1}, lu_core.ShapeError, "max_iter"),
+        (np.eye(3), np.ones(3), {"max_iter": 1.5}, lu_core.ShapeError, "max_iter"),
+        (np.eye(3), np.ones(3), {"max_iter": True}, lu_core.ShapeError, "max_iter"),
+        (np.eye(3), np.ones(3), {"max_iter": "3"}, lu_core.ShapeError, "max_iter"),
+    ],
+)
+def test_bad_arguments(A, B, kwargs, error, argument):
+    with pytest.raises(error) as excinfo:
+        lu_core.solve_refined(A, B, **kwargs)
+    assert excinfo.value.argument == argument and isinstance(excinfo.value, ValueError)
+
+
+def test_integers_promote_and_inputs_are_not_modified(rng):
+    A = np.array([[4, 1], [2, 3]])
+    B = np.array([1, 2])
+    A0, B0 = A.copy(), B.copy()
+    X, it, _ = lu_core.solve_refined(A, B)
+    assert X.dtype == np.float64 and it >= 0
+    np.testing.assert_allclose(X, np.linalg.solve(A, B), rtol=1e-15)
+    np.testing.assert_array_equal(A, A0)
+    np.testing.assert_array_equal(B, B0)
+
+
+@pytest.mark.parametrize("left", [True, False])
+def test_unaligned_input_gives_the_same_bits(rng, left):
+    """Request bodies are decoded as views at any byte offset; the answer must not depend on it."""
+    A = well_conditioned(rng, (3, 6, 6), np.float64)
+    B = rng.standard_normal((3, 6, 2) if left else (3, 2, 6))
+    buf = bytearray(1 + A.nbytes)
+    Au = np.frombuffer(buf, dtype=np.float64, count=A.size, offset=1).reshape(A.shape)
+    Au[...] = A
+    assert not Au.flags.aligned
+    for got, want in zip(lu_core.solve_refined(Au, B, left=left), lu_core.solve_refined(A, B, left=left), strict=True):
+        np.testing.assert_array_equal(got, want)
