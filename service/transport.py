@@ -25,7 +25,11 @@ OFFLOAD_BYTES = 1 << 20
 
 
 def request_format(request: Request) -> tuple[Literal["json", "binary"], str | None]:
-    """``("binary", header_length)`` for the OIP binary framing, ``("json", None)`` for JSON; 415 otherwise."""
+    """``("binary", header_length)`` for the OIP binary framing, ``("json", None)`` for JSON; 415 otherwise.
+
+    The binary framing is told by its header alone; a declared type other than JSON, octet-stream
+    or none (a form, say) is still a 415, since such a body is certainly not an inference request.
+    """
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     header_length = request.headers.get(HEADER_LENGTH)
     if content_type not in ("", "application/json", "application/octet-stream"):
@@ -37,8 +41,8 @@ def request_format(request: Request) -> tuple[Literal["json", "binary"], str | N
         )
     if header_length is not None:
         return "binary", header_length
-    if content_type == "application/octet-stream":
-        raise bad_request("malformed_header", "a binary body needs the Inference-Header-Content-Length header")
+    # Triton's rule: without Inference-Header-Content-Length the body is JSON, whatever its
+    # content type (tritonclient.http.aio sends JSON bodies as application/octet-stream).
     return "json", None
 
 
