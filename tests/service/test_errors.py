@@ -101,7 +101,7 @@ async def test_octet_stream_without_the_header_is_json(client):
         "/solve", content=b'{"A": [[2.0]], "B": [4.0]}', headers={"content-type": "application/octet-stream"}
     )
     assert r.status_code == 200 and r.json()["X"]["data"] == [2.0]
-    body, headers = binary_request({"A": np.eye(3)})
+    body, _ = binary_request({"A": np.eye(3)})
     assert_error(
         await client.post("/lu_factor", content=body, headers={"content-type": "application/octet-stream"}),
         400,
