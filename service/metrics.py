@@ -47,6 +47,9 @@ class Metrics:
         self.queue_depth = Gauge("lu_queue_depth", "Jobs waiting for the device worker.", registry=r)
         self.in_flight = Gauge("lu_requests_in_flight", "Requests being served.", registry=r)
         self.rejected = Counter("lu_rejected", "Jobs refused with a 503.", ["reason"], registry=r)
+        self.deadline_exceeded = Counter(
+            "lu_deadline_exceeded", "Jobs dropped because their deadline passed while they waited.", registry=r
+        )
         self.errors = Counter("lu_errors", "Error responses by stable code.", ["code"], registry=r)
         info = Gauge(
             "lu_device_info", "The device this process computes on (always 1).", ["device", "name"], registry=r

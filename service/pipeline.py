@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from starlette.datastructures import State
 from starlette.requests import Request
 
 from service.codec import (
@@ -22,12 +23,14 @@ from service.codec import (
     encode_native_json,
     encode_v2,
 )
+from service.budget import Reservation
 from service.footprint import answer_bytes
 from service.middleware import reservation_of
 from service.operations import Operation
+from service.request_options import earliest, take_control
 from service.transport import BodyResponse, offload, read_body, request_format
 
-__all__ = ["serve_native", "serve_v2"]
+__all__ = ["compute", "serve_native", "serve_v2"]
 
 
 def _itemsize(decoded: Decoded) -> int:
@@ -35,15 +38,34 @@ def _itemsize(decoded: Decoded) -> int:
     return max((t.dtype.itemsize for t in decoded.tensors.values() if t.dtype.kind in "fc"), default=8)
 
 
-async def _compute(request: Request, op: Operation, decoded: Decoded) -> dict[str, Any]:
-    state = request.app.state
+async def compute(
+    state: State,
+    op: Operation,
+    decoded: Decoded,
+    *,
+    reservation: Reservation | None = None,
+    deadline: float | None = None,
+) -> dict[str, Any]:
+    """Check a decoded request and run it on the worker (every protocol's requests end here).
+
+    ``reservation`` holds the request's memory and grows by its answer's before the
+    job is queued. ``deadline`` (``time.monotonic()``) comes from the transport (a
+    gRPC deadline); Triton's ``timeout`` option may set an earlier one.
+    """
+    control = take_control(decoded.options)
     options = op.prepare(decoded.tensors, decoded.options, state.settings.max_elements)
-    reservation = reservation_of(request.scope)
     if reservation is not None:  # the answer's memory, known from the shapes, before the job is queued
         fmt = "binary" if decoded.binary and all(decoded.binary_outputs.values()) else "json"
         elements = op.output_elements(decoded.tensors, options)
         reservation.grow(answer_bytes(fmt, elements, _itemsize(decoded)), f"the answer of {op.name}")
-    return await state.worker.submit(op.name, op.compute, decoded.tensors, options, reservation=reservation)
+    return await state.worker.submit(
+        op.name,
+        op.compute,
+        decoded.tensors,
+        options,
+        reservation=reservation,
+        deadline=earliest(control.deadline, deadline),
+    )
 
 
 def _out_bytes(outputs: dict[str, Any]) -> int:
@@ -66,7 +88,7 @@ async def _decode(request: Request, decode_json: Callable[[memoryview | bytes, i
 
 async def serve_native(request: Request, op: Operation) -> BodyResponse:
     decoded = await _decode(request, lambda body, limit: decode_native_json(body, op.inputs, limit))
-    outputs = await _compute(request, op, decoded)
+    outputs = await compute(request.app.state, op, decoded, reservation=reservation_of(request.scope))
     if decoded.binary:
         return await _encode(outputs, encode_binary, outputs)
     return await _encode(outputs, encode_native_json, outputs)
@@ -75,5 +97,5 @@ async def serve_native(request: Request, op: Operation) -> BodyResponse:
 async def serve_v2(request: Request, op: Operation, version: str) -> BodyResponse:
     decoded = await _decode(request, decode_v2_json)
     check_outputs_known(decoded, op.outputs)
-    outputs = await _compute(request, op, decoded)
+    outputs = await compute(request.app.state, op, decoded, reservation=reservation_of(request.scope))
     return await _encode(outputs, encode_v2, op.name, decoded, outputs, version)

@@ -67,6 +67,7 @@ _BINARY = {
 _STATUSES = {
     "400": "Malformed body.",
     "401": "Missing or wrong API key (only when LU_API_KEY is set).",
+    "408": "deadline_exceeded: the request's timeout (Triton's option, microseconds) passed while it was queued.",
     "413": "Body over LU_MAX_REQUEST_BYTES, or tensors over LU_MAX_ELEMENTS.",
     "415": "Unsupported content type.",
     "422": "Well-formed but invalid: shapes, dtypes, pivots, options, a singular system.",

@@ -25,7 +25,7 @@ import numpy as np
 from service.batcher import gather, run_merged
 from service.budget import Reservation
 from service.device import Compute, Device
-from service.errors import unavailable
+from service.errors import deadline_exceeded, unavailable
 from service.metrics import Metrics
 
 __all__ = ["DeviceWorker"]
@@ -45,6 +45,7 @@ class _Job:
     # The request's memory reservation, held by the job too: a client that leaves while its job
     # computes must not free the budget for memory the computation still uses.
     reservation: Reservation | None = None
+    deadline: float | None = None  # time.monotonic(); a job still queued after it is dropped
 
 
 _STOP = object()
@@ -131,12 +132,13 @@ class DeviceWorker:
         options: Mapping[str, bool],
         *,
         reservation: Reservation | None = None,
+        deadline: float | None = None,
     ) -> dict[str, Any]:
         if not self._accepting:
             raise unavailable("shutting_down", "the service is not accepting work", self._retry_after_s)
         loop = asyncio.get_running_loop()
         held = reservation.retain() if reservation is not None else None
-        job = _Job(name, compute, tensors, options, loop.create_future(), loop, time.perf_counter(), held)
+        job = _Job(name, compute, tensors, options, loop.create_future(), loop, time.perf_counter(), held, deadline)
         try:
             self._queue.put_nowait(job)
         except queue.Full:
@@ -210,6 +212,11 @@ class DeviceWorker:
 
     def _compute(self, job: _Job, *, waited: bool = False) -> None:
         if job.future.cancelled():  # the client left while the job waited
+            return
+        if job.deadline is not None and time.monotonic() > job.deadline:
+            self._metrics.deadline_exceeded.inc()
+            error = deadline_exceeded(f"{job.name}: the request's deadline passed while it waited for the device")
+            job.loop.call_soon_threadsafe(_settle, job.future, False, error)
             return
         start = time.perf_counter()
         if not waited:
