@@ -12,6 +12,7 @@ from typing import Any
 from starlette.datastructures import State
 from starlette.requests import Request
 
+from service.budget import Reservation
 from service.codec import (
     Decoded,
     EncodedBody,
@@ -23,7 +24,6 @@ from service.codec import (
     encode_native_json,
     encode_v2,
 )
-from service.budget import Reservation
 from service.footprint import answer_bytes
 from service.middleware import reservation_of
 from service.operations import Operation
