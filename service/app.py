@@ -21,6 +21,7 @@ from service.metrics import Metrics
 from service.middleware import RequestMiddleware
 from service.operations import OPERATIONS
 from service.routes import docs, health, native, v2
+from service.schemas import install_components
 from service.worker import DeviceWorker
 
 __all__ = ["create_app"]
@@ -103,5 +104,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(v2.router)
     app.include_router(native.router)
     app.include_router(docs.router)
+    install_components(app)
     app.add_middleware(RequestMiddleware, settings=settings, budget=budget, metrics=metrics)
     return app
