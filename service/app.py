@@ -17,6 +17,7 @@ from service.budget import MemoryBudget
 from service.config import Settings
 from service.device import Device, select_device
 from service.errors import install_handlers
+from service.grpc_server import GrpcServer
 from service.metrics import Metrics
 from service.middleware import RequestMiddleware
 from service.operations import OPERATIONS
@@ -68,6 +69,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         worker.start()
+        # The gRPC door opens with HTTP (ServerLive answers, ServerReady says false while warming up).
+        grpc_door = GrpcServer(app) if settings.grpc_port else None
+        app.state.grpc = grpc_door
+        if grpc_door is not None:
+            await grpc_door.start()
         if settings.warmup:
             seconds = await anyio.to_thread.run_sync(worker.call, lambda: warm_up(device))
             log.info("warm-up done in %.2f s", seconds)
@@ -77,7 +83,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             ready.clear()
-            # uvicorn has already drained in-flight requests; finish whatever is still queued.
+            # uvicorn has already drained in-flight HTTP requests; drain the gRPC ones, then the queue.
+            if grpc_door is not None:
+                await grpc_door.stop(settings.graceful_shutdown_s)
             await anyio.to_thread.run_sync(worker.stop, settings.graceful_shutdown_s)
             log.info("stopped")
 

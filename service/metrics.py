@@ -21,7 +21,7 @@ class Metrics:
         r = self.registry
         self.device = device_kind
         self.requests = Counter(
-            "lu_requests", "HTTP requests answered.", ["endpoint", "method", "status", "device"], registry=r
+            "lu_requests", "Requests answered (HTTP and gRPC).", ["endpoint", "method", "status", "device"], registry=r
         )
         self.latency = Histogram(
             "lu_request_duration_seconds", "Time from request to response.", ["endpoint", "device"],
@@ -69,6 +69,15 @@ class Metrics:
         Gauge("lu_inflight_peak_bytes", "Most bytes reserved at once since start.", registry=r).set_function(
             lambda: budget.peak
         )
+
+    def observe_request(
+        self, endpoint: str, method: str, status: str, seconds: float, bytes_in: int, bytes_out: int
+    ) -> None:
+        """Count one answered request (HTTP: method and status code; gRPC: ``gRPC`` and the status name)."""
+        self.requests.labels(endpoint, method, status, self.device).inc()
+        self.latency.labels(endpoint, self.device).observe(seconds)
+        self.bytes_in.labels(endpoint).inc(bytes_in)
+        self.bytes_out.labels(endpoint).inc(bytes_out)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
