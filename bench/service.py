@@ -151,18 +151,35 @@ class RawHttp:
 
     def __init__(self, url: str) -> None:
         host, port = url.removeprefix("http://").split(":")
-        self.sock = socket.create_connection((host, int(port)))
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.address = (host, int(port))
         self.buf = bytearray(1 << 20)
+        self._connect()
+
+    def _connect(self) -> None:
+        self.sock = socket.create_connection(self.address)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        try:
+            return self._post(path, body, headers)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            # uvicorn closes a keep-alive connection idle for 5 s (the big cases compute longer
+            # than that between requests on a busy machine): reconnect once, as any client would.
+            self.sock.close()
+            self._connect()
+            return self._post(path, body, headers)
+
+    def _post(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
         head = f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n"
         head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
         self.sock.sendall(head.encode())
         self.sock.sendall(body)
         data = bytearray()
         while b"\r\n\r\n" not in data:
-            data += self.sock.recv(65536)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("the server closed the connection")
+            data += chunk
         header, _, rest = bytes(data).partition(b"\r\n\r\n")
         lines = header.decode("latin-1").split("\r\n")
         status = int(lines[0].split()[1])
