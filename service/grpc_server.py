@@ -140,8 +140,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if not self.state.ready.is_set():
             raise unavailable("not_ready", "the service is not ready (warming up or stopping)", settings.retry_after_s)
         op = find_model(request.model_name, request.model_version)
-        size = sum(len(r) for r in request.raw_input_contents)
-        decoded = await offload(size, decode_infer_request, request, settings.max_elements)
+        # (ByteSize, not the raw contents' lengths: each access to a bytes field copies it)
+        decoded = await offload(request.ByteSize(), decode_infer_request, request, settings.max_elements)
         check_outputs_known(decoded, op.outputs)
         remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
@@ -182,14 +182,15 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(code, error.message)
         finally:
             seconds = time.perf_counter() - start
+            path, size = f"/{SERVICE}/{method}", request.ByteSize()
             metrics.in_flight.dec()
-            metrics.observe_request(f"/{SERVICE}/{method}", "gRPC", status, seconds, request.ByteSize(), out)
+            metrics.observe_request(path, "gRPC", status, seconds, size, out)
             access_log.info(
                 "gRPC %s %s",
                 method,
                 status,
-                extra={"method": "gRPC", "path": f"/{SERVICE}/{method}", "status": status,
-                       "duration_ms": round(seconds * 1000, 3), "bytes_in": request.ByteSize(), "bytes_out": out},
+                extra={"method": "gRPC", "path": path, "status": status, "duration_ms": round(seconds * 1000, 3),
+                       "bytes_in": size, "bytes_out": out},
             )  # fmt: skip
             request_id_var.reset(token)
 
