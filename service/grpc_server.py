@@ -27,6 +27,7 @@ from service.auth import check_authorization
 from service.codec import check_outputs_known
 from service.context import choose_request_id, request_id_var
 from service.errors import ServiceError, from_core, unavailable
+from service.footprint import body_bytes
 from service.grpc_codec import decode_infer_request, encode_infer_response
 from service.metadata import VERSION, find_model, model_metadata, server_metadata
 from service.pipeline import compute
@@ -140,12 +141,17 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         if not self.state.ready.is_set():
             raise unavailable("not_ready", "the service is not ready (warming up or stopping)", settings.retry_after_s)
         op = find_model(request.model_name, request.model_version)
-        # (ByteSize, not the raw contents' lengths: each access to a bytes field copies it)
-        decoded = await offload(request.ByteSize(), decode_infer_request, request, settings.max_elements)
+        # The message is already here (grpcio bounded it by LU_MAX_REQUEST_BYTES); its memory and what
+        # decoding makes of it are reserved as an HTTP body's are, held until the answer has been sent.
+        # (ByteSize, not the raw contents' lengths: each access to a bytes field copies it.)
+        size = request.ByteSize()
+        reservation = self.state.budget.reserve(body_bytes("binary", size), "this gRPC message")
+        context.add_done_callback(lambda _: reservation.release())
+        decoded = await offload(size, decode_infer_request, request, settings.max_elements)
         check_outputs_known(decoded, op.outputs)
         remaining = context.time_remaining()
         deadline = None if remaining is None else time.monotonic() + remaining
-        outputs = await compute(self.state, op, decoded, deadline)
+        outputs = await compute(self.state, op, decoded, reservation=reservation, deadline=deadline)
         out_bytes = sum(v.nbytes for v in outputs.values() if v is not None)
         return await offload(out_bytes, encode_infer_response, op.name, VERSION, decoded, outputs)
 

@@ -136,3 +136,26 @@ def test_identity_needs_no_inflater():
     assert inflater_for(None, 10) is None
     assert inflater_for("identity", 10) is None
     assert inflater_for(" GZIP ", 10).encoding == "gzip"
+
+
+async def test_inflated_json_is_bounded_by_the_json_limit_and_reserved(make_client):
+    client = await make_client(max_json_bytes=64 * 1024)
+    text = json.dumps({"A": np.eye(100).tolist()}).encode()  # ~40 kB of JSON; the next ~160 kB
+    big = json.dumps({"A": np.eye(200).tolist()}).encode()
+    assert len(text) < 64 * 1024 < len(big)
+    r = await client.post("/lu_factor", content=gzip.compress(text), headers={"content-encoding": "gzip"})
+    assert r.status_code == 200, r.text
+    r = await client.post("/lu_factor", content=gzip.compress(big), headers={"content-encoding": "gzip"})
+    assert r.status_code == 413 and "LU_MAX_JSON_BYTES" in r.json()["error"]
+    assert client.app.state.budget.in_use == 0
+
+
+async def test_inflated_bytes_count_against_the_in_flight_budget(make_client):
+    client = await make_client(max_inflight_bytes=8 * MiB)
+    A = np.eye(600)  # 2.9 MB raw, reserved at 3x once inflated: past 8 MiB
+    body, headers = binary_request({"A": A})
+    assert len(gzip.compress(body)) < 100_000
+    r = await client.post("/lu_factor", content=gzip.compress(body), headers={**headers, "content-encoding": "gzip"})
+    assert r.status_code == 503 and r.json()["code"] == "overloaded", r.text
+    assert "inflated body" in r.json()["error"] and r.headers["retry-after"]
+    assert client.app.state.budget.in_use == 0

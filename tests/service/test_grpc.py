@@ -253,6 +253,22 @@ async def test_the_grpc_deadline_bounds_the_queue_wait(make_grpc):
     assert 'lu_compute_seconds_count{device="cpu",operation="lu"} 1.0' in (await http.get("/metrics")).text
 
 
+async def test_grpc_messages_are_reserved_against_the_in_flight_budget(make_grpc):
+    http, client, stub = await make_grpc(max_inflight_bytes=4 * 1024 * 1024)
+    result = await client.infer("lu_factor", infer_inputs({"A": np.eye(64)}))
+    np.testing.assert_array_equal(result.as_numpy("LU"), np.eye(64))
+    with pytest.raises(grpc.aio.AioRpcError) as info:  # 2 MB in, reserved 3x: past 4 MiB
+        await stub.ModelInfer(_request(A=("FP64", [500, 500], bytes(2_000_000))))
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert ("lu-error-code", "overloaded") in tuple(info.value.trailing_metadata())
+    assert ("retry-after", "1") in tuple(info.value.trailing_metadata())
+    for _ in range(100):  # released once the calls are done
+        if http.app.state.budget.in_use == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert http.app.state.budget.in_use == 0 and http.app.state.budget.peak > 64 * 64 * 8
+
+
 def test_the_status_table_never_says_unknown_for_input():
     for status in (400, 401, 404, 408, 413, 415, 422, 503):
         code = grpc_status(ServiceError(status, "x", "m"))
