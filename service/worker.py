@@ -180,10 +180,13 @@ class DeviceWorker:
             self._metrics.batch_wait.observe(time.perf_counter() - waited)
             self._metrics.queue_depth.set(self.depth)
             try:
-                if len(batch) == 1:
-                    self._compute(batch[0])
+                live = [job for job in batch if not self._expired(job)]
+                if not live:
+                    continue
+                if len(live) == 1:
+                    self._compute(live[0])
                 else:
-                    self._compute_merged(batch)
+                    self._compute_merged(live)
             finally:
                 for job in batch:
                     if job.reservation is not None:
@@ -210,13 +213,17 @@ class DeviceWorker:
         for job, answer in zip(jobs, answers, strict=True):
             job.loop.call_soon_threadsafe(_settle, job.future, True, answer)
 
+    def _expired(self, job: _Job) -> bool:
+        """Drop a job whose deadline passed while it was queued: answered 408 and counted, never computed."""
+        if job.deadline is None or time.monotonic() <= job.deadline:
+            return False
+        self._metrics.deadline_exceeded.inc()
+        error = deadline_exceeded(f"{job.name}: the request's deadline passed while it waited for the device")
+        job.loop.call_soon_threadsafe(_settle, job.future, False, error)
+        return True
+
     def _compute(self, job: _Job, *, waited: bool = False) -> None:
         if job.future.cancelled():  # the client left while the job waited
-            return
-        if job.deadline is not None and time.monotonic() > job.deadline:
-            self._metrics.deadline_exceeded.inc()
-            error = deadline_exceeded(f"{job.name}: the request's deadline passed while it waited for the device")
-            job.loop.call_soon_threadsafe(_settle, job.future, False, error)
             return
         start = time.perf_counter()
         if not waited:
