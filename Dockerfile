@@ -40,9 +40,11 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     NUMBA_CACHE_DIR=/home/lu/.cache/numba \
     LU_HOST=0.0.0.0 \
-    LU_PORT=8000
+    LU_PORT=8000 \
+    LU_GRPC_PORT=8001
 WORKDIR /home/lu
-EXPOSE 8000
+# 8000: HTTP (native routes and /v2); 8001: gRPC (inference.GRPCInferenceService).
+EXPOSE 8000 8001
 HEALTHCHECK --interval=15s --timeout=3s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=2).status != 200)"]
 

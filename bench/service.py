@@ -13,10 +13,14 @@ Starts ``python -m service`` on loopback (as a user would) and measures, in one 
   solves that resend the LU each time (``/lu_solve``) against 10 solves of a
   factorization stored once (``PUT /factorizations/{name}``, then
   ``/factorizations/{name}/solve`` with only B); the goal is >= 10x at n = 4096.
+* gRPC against HTTP binary, in the same run: 8x8 ``solve`` at 16 concurrent
+  clients (``grpc.aio`` calls on one channel against 16 keep-alive HTTP/1.1
+  connections to ``/v2/models/solve/infer``), and one 256 MiB ``lu_unpack``
+  (request; the answer is three times that) through each.
 
 Client and server share the machine's cores, so on a small VM the client's own
 work is part of every number. Run: ``python -m bench.service [--quick] [--out DIR] [--only PART ...]``
-(parts: transport, concurrency, stored).
+(parts: transport, concurrency, stored, grpc).
 """
 
 from __future__ import annotations
@@ -75,7 +79,9 @@ def free_port() -> int:
 def start_server(defaults: bool = False, **settings: str) -> tuple[subprocess.Popen, str]:
     """The service as its own process; ``defaults``: no limit raised (else room for the biggest cases)."""
     port = free_port()
-    env = {**os.environ, "LU_PORT": str(port), "LU_DEVICE": os.environ.get("LU_DEVICE", "auto"), **settings}
+    # gRPC stays off unless asked for (LU_GRPC_PORT), so that suites never contend for port 8001.
+    env = {**os.environ, "LU_PORT": str(port), "LU_DEVICE": os.environ.get("LU_DEVICE", "auto")}
+    env |= {"LU_GRPC_PORT": "0", **settings}
     env |= {"LU_LOG_LEVEL": "warning"}
     if not defaults:
         env |= {"LU_MAX_REQUEST_BYTES": str(2 << 30), "LU_MAX_ELEMENTS": str(1 << 28)}
@@ -154,6 +160,11 @@ class RawHttp:
         self.address = (host, int(port))
         self.sock = self._connect()
         self.buf = bytearray(1 << 20)
+        self._connect()
+
+    def _connect(self) -> None:
+        self.sock = socket.create_connection(self.address)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _connect(self) -> socket.socket:
         sock = socket.create_connection(self.address)
@@ -267,13 +278,15 @@ def transport(url: str, sizes: list[int], copier: CopyServer, progress: Callable
         client.sock.close()
 
 
-async def _concurrency(url: str, clients: int, seconds: float, n: int = 8) -> dict:
-    """``clients`` keep-alive connections, each sending its next n x n /solve when the last is answered."""
+def _small_solve(n: int = 8) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(1)
-    A = rng.standard_normal((n, n)) + n * np.eye(n)
-    B = rng.standard_normal((n, 1))
-    body, headers = binary_body({"A": A, "B": B})
-    head = f"POST /solve HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n"
+    return {"A": rng.standard_normal((n, n)) + n * np.eye(n), "B": rng.standard_normal((n, 1))}
+
+
+async def _concurrency(url: str, clients: int, seconds: float, n: int = 8, path: str = "/solve") -> dict:
+    """``clients`` keep-alive connections, each sending its next n x n solve (to ``path``) when the last is answered."""
+    body, headers = binary_body(_small_solve(n))
+    head = f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n"
     request = (head + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + body
     host, port = url.removeprefix("http://").split(":")
     latencies: list[float] = []
@@ -386,6 +399,111 @@ def stored_factorizations(url: str, sizes: list[int], progress: Callable[[str], 
         client.sock.close()
 
 
+# --------------------------------------------------------------------------- gRPC against HTTP binary
+
+
+def _grpc_request(model: str, tensors: dict[str, np.ndarray]):  # -> service_pb2.ModelInferRequest
+    from tritonclient.grpc import service_pb2 as pb
+
+    names = {np.dtype(np.float64): "FP64", np.dtype(np.int32): "INT32"}
+    request = pb.ModelInferRequest(model_name=model)
+    for name, arr in tensors.items():
+        request.inputs.add(name=name, datatype=names[arr.dtype], shape=list(arr.shape))
+        request.raw_input_contents.append(np.ascontiguousarray(arr).tobytes())
+    return request
+
+
+def _grpc_channel(target: str):
+    import grpc
+
+    return grpc.aio.insecure_channel(
+        target, options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    )
+
+
+async def _grpc_concurrency(target: str, clients: int, seconds: float) -> dict:
+    """``clients`` coroutines on one HTTP/2 channel, each sending its next call when the last is answered."""
+    from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+    request = _grpc_request("solve", _small_solve())
+    latencies: list[float] = []
+    async with _grpc_channel(target) as channel:
+        infer = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+        await infer(request)
+        stop = time.perf_counter() + seconds
+
+        async def one_client() -> None:
+            while time.perf_counter() < stop:
+                t0 = time.perf_counter()
+                await infer(request)
+                latencies.append(time.perf_counter() - t0)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(one_client() for _ in range(clients)))
+        elapsed = time.perf_counter() - t0
+    lat = np.array(latencies) * 1e3
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "req/s": len(latencies) / elapsed,
+        "p50 ms": float(np.percentile(lat, 50)),
+        "p99 ms": float(np.percentile(lat, 99)),
+    }
+
+
+def grpc_vs_http(url: str, target: str, nbytes: int, seconds: float, progress: Callable[[str], None]) -> list[dict]:
+    """The small-request rate at 16 clients and one big ``lu_unpack``, over gRPC and over HTTP binary."""
+    rows = []
+    for name, measure in (
+        ("HTTP binary", lambda: _concurrency(url, 16, seconds, path="/v2/models/solve/infer")),
+        ("gRPC", lambda: _grpc_concurrency(target, 16, seconds)),
+    ):
+        row = asyncio.run(measure())
+        progress(f"8x8 solve, 16 clients, {name}: {row['req/s']:.0f} req/s, p50 {row['p50 ms']:.2f} ms")
+        rows.append({"case": "8x8 solve, 16 clients", "protocol": name, **row})
+
+    n = 64
+    LU = np.random.default_rng(2).standard_normal((nbytes // (8 * n * n), n, n))
+    piv = np.broadcast_to(np.arange(1, n + 1, dtype=np.int32), LU.shape[:-1]).copy()
+    expected_out = 3 * LU.nbytes
+    body, headers = binary_body({"LU": LU, "pivots": piv})
+    client = RawHttp(url)
+
+    def over_http() -> None:
+        status, content = client.post("/v2/models/lu_unpack/infer", body, headers)
+        assert status == 200, status
+        assert len(content) > expected_out, len(content)
+
+    request = _grpc_request("lu_unpack", {"LU": LU, "pivots": piv})
+
+    async def over_grpc(reps: int) -> list[float]:
+        from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+        times = []
+        async with _grpc_channel(target) as channel:
+            infer = pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer
+            for _ in range(reps + 1):
+                t0 = time.perf_counter()
+                response = await infer(request)
+                times.append(time.perf_counter() - t0)
+                assert sum(len(r) for r in response.raw_output_contents) == expected_out
+                del response
+        return times[1:]  # the first call warms up
+
+    reps = 3
+    try:
+        http_s, _ = median_time(over_http, reps)
+    finally:
+        client.sock.close()
+    grpc_s = statistics.median(asyncio.run(over_grpc(reps)))
+    moved = len(body) + expected_out
+    for name, secs in (("HTTP binary", http_s), ("gRPC", grpc_s)):
+        progress(f"lu_unpack of {LU.nbytes >> 20} MiB, {name}: {secs * 1e3:.0f} ms")
+        rows.append({"case": f"lu_unpack, {LU.nbytes >> 20} MiB in, {expected_out >> 20} MiB out",
+                     "protocol": name, "ms": secs * 1e3, "MB/s": moved / secs / 1e6})  # fmt: skip
+    return rows
+
+
 # --------------------------------------------------------------------------- report
 
 
@@ -400,7 +518,9 @@ def table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def report(transport_rows: list[dict], conc_rows: list[dict], stored_rows: list[dict], device: str) -> str:
+def report(
+    transport_rows: list[dict], conc_rows: list[dict], stored_rows: list[dict], grpc_rows: list[dict], device: str
+) -> str:
     """The markdown report; parts that did not run (``--only``) are left out."""
     facts = machine()
     facts["service device"] = device
@@ -449,15 +569,31 @@ def report(transport_rows: list[dict], conc_rows: list[dict], stored_rows: list[
             table(stored_rows, [*stored_columns, "bytes per resend", "bytes per stored"]),
             "",
         ]
+    if grpc_rows:
+        lines += [
+            "## gRPC against HTTP binary (Open Inference Protocol, same run)",
+            "",
+            "gRPC: `grpc.aio` calls on one HTTP/2 channel (raw tensors, tritonclient's messages). HTTP binary: the",
+            "keep-alive client above on `/v2/models/{model}/infer`. The lu_unpack answer is P, L and U (3x the input).",
+            "",
+            table(
+                [r for r in grpc_rows if "req/s" in r], ["case", "protocol", "requests", "req/s", "p50 ms", "p99 ms"]
+            ),
+            "",
+            table([r for r in grpc_rows if "MB/s" in r], ["case", "protocol", "ms", "MB/s"]),
+            "",
+        ]
     lines += ["## Machine", "", *[f"- {k}: {v}" for k, v in facts.items()], ""]
     return "\n".join(lines)
 
 
-PARTS = ("transport", "concurrency", "stored")
+PARTS = ("transport", "concurrency", "stored", "grpc")
 
 
 def run(quick: bool, out: Path | None, progress: Callable[[str], None], parts: tuple[str, ...] = PARTS) -> Path | None:
-    proc, url = start_server()
+    grpc_port = free_port()
+    grpc_target = f"127.0.0.1:{grpc_port}"
+    proc, url = start_server(LU_GRPC_PORT=str(grpc_port))
     try:
         device = httpx.get(f"{url}/readyz").json()["device"]["kind"]
         sizes = [64, 128] if quick else [256, 1024, 2048, 4096]
@@ -467,10 +603,15 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None], parts: t
         conc_rows = concurrency(url, levels, 1.0 if quick else 5.0, progress) if "concurrency" in parts else []
         stored_sizes = [64, 128] if quick else [2048, 4096]
         stored_rows = stored_factorizations(url, stored_sizes, progress) if "stored" in parts else []
+        grpc_rows = (
+            grpc_vs_http(url, grpc_target, (4 if quick else 256) << 20, 1.0 if quick else 5.0, progress)
+            if "grpc" in parts
+            else []
+        )
     finally:
         proc.terminate()
         proc.wait(60)
-    text = report(transport_rows, conc_rows, stored_rows, device)
+    text = report(transport_rows, conc_rows, stored_rows, grpc_rows, device)
     print(text)
     if out is None:
         return None

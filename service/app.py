@@ -17,10 +17,12 @@ from service.budget import MemoryBudget
 from service.config import Settings
 from service.device import Device, select_device
 from service.errors import install_handlers
+from service.grpc_server import GrpcServer
 from service.metrics import Metrics
 from service.middleware import RequestMiddleware
 from service.operations import OPERATIONS
 from service.routes import docs, factorizations, health, native, v2
+from service.schemas import install_components
 from service.worker import DeviceWorker
 
 __all__ = ["create_app"]
@@ -83,6 +85,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         worker.start()
         warming = threading.Thread(target=warm_then_ready, name="lu-warm-up", daemon=True)
+        # The gRPC door opens with HTTP (ServerLive answers, ServerReady says false while warming up).
+        grpc_door = GrpcServer(app) if settings.grpc_port else None
+        app.state.grpc = grpc_door
+        if grpc_door is not None:
+            await grpc_door.start()
         if settings.warmup:
             warming.start()
         else:
@@ -92,8 +99,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 yield
         finally:
             ready.clear()
-            # uvicorn has already drained in-flight requests; finish whatever is still queued
-            # (a warm-up still running included, so that the worker stops between jobs).
+            # uvicorn has already drained in-flight HTTP requests; drain the gRPC ones, then finish
+            # whatever is still queued (a warm-up still running included, so the worker stops between jobs).
+            if grpc_door is not None:
+                await grpc_door.stop(settings.graceful_shutdown_s)
             await anyio.to_thread.run_sync(worker.stop, settings.graceful_shutdown_s)
             if warming.is_alive():
                 await anyio.to_thread.run_sync(warming.join, settings.graceful_shutdown_s)
@@ -124,5 +133,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(native.router)
     app.include_router(docs.router)
     factorizations.install(app, settings, device, metrics)
+    install_components(app)
     app.add_middleware(RequestMiddleware, settings=settings, budget=budget, metrics=metrics)
     return app

@@ -30,6 +30,7 @@ __all__ = [
     "DATATYPES",
     "HEADER_LENGTH",
     "Decoded",
+    "ElementBudget",
     "EncodedBody",
     "check_outputs_known",
     "datatype_of",
@@ -39,6 +40,9 @@ __all__ = [
     "encode_binary",
     "encode_native_json",
     "encode_v2",
+    "little_endian_bytes",
+    "oip_dtype",
+    "tensor_shape",
 ]
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -368,6 +372,12 @@ def decode_binary(body: bytes | bytearray | memoryview, header_length: str | int
     return _oip_common(header, tensors, binary=True)
 
 
+# Shared with the gRPC door (service/grpc_codec.py), which decodes the same tensors from protobuf.
+ElementBudget = _Budget
+oip_dtype = _oip_dtype
+tensor_shape = _shape
+
+
 # --------------------------------------------------------------------------- encoding
 
 
@@ -407,6 +417,11 @@ def encode_native_json(outputs: Mapping[str, np.ndarray | None]) -> EncodedBody:
 def _raw(arr: np.ndarray) -> memoryview:
     flat = np.asarray(arr, dtype=arr.dtype.newbyteorder("<"), order="C").reshape(-1)
     return memoryview(flat.view(np.uint8))
+
+
+def little_endian_bytes(arr: np.ndarray) -> memoryview:
+    """The tensor's raw bytes as the protocol sends them: little-endian, row-major (a view when it is already)."""
+    return _raw(arr)
 
 
 def datatype_of(arr: np.ndarray) -> str:

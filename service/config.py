@@ -45,6 +45,9 @@ class Settings(BaseSettings):
 
     host: str = Field("127.0.0.1", description="Address uvicorn binds.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port.")
+    grpc_port: int = Field(
+        8001, ge=0, le=65535, description="Port of the gRPC door (inference.GRPCInferenceService); 0 turns it off."
+    )
     device: Literal["auto", "cpu", "gpu"] = Field(
         "auto",
         description="auto: the GPU when CuPy sees one, else the CPU (logged loudly); gpu: fail at start without one.",

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import re
+import uuid
 from contextvars import ContextVar
 
-__all__ = ["current_request_id", "request_id_var"]
+__all__ = ["choose_request_id", "current_request_id", "request_id_var"]
+
+_VALID_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
 
 
 def current_request_id() -> str:
     return request_id_var.get()
+
+
+def choose_request_id(given: str | None) -> str:
+    """The client's id when it is well-formed (``X-Request-ID``, or gRPC ``x-request-id``), else a fresh one."""
+    return given if given and _VALID_ID.fullmatch(given) else uuid.uuid4().hex

@@ -69,6 +69,11 @@ def unavailable(code: str, message: str, retry_after_s: int) -> ServiceError:
     return ServiceError(503, code, message, headers={"Retry-After": str(retry_after_s)})
 
 
+def deadline_exceeded(message: str) -> ServiceError:
+    """The client's own deadline passed before the job reached the device (408: the client chose it)."""
+    return ServiceError(408, "deadline_exceeded", message)
+
+
 def from_core(exc: lu_core.LinAlgError) -> ServiceError:
     """The 422 for an error raised by ``lu_core`` on well-formed but invalid input."""
     if isinstance(exc, lu_core.SingularMatrixError):

@@ -24,7 +24,7 @@ class Metrics:
         r = self.registry
         self.device = device_kind
         self.requests = Counter(
-            "lu_requests", "HTTP requests answered.", ["endpoint", "method", "status", "device"], registry=r
+            "lu_requests", "Requests answered (HTTP and gRPC).", ["endpoint", "method", "status", "device"], registry=r
         )
         self.latency = Histogram(
             "lu_request_duration_seconds", "Time from request to response.", ["endpoint", "device"],
@@ -50,6 +50,9 @@ class Metrics:
         self.queue_depth = Gauge("lu_queue_depth", "Jobs waiting for the device worker.", registry=r)
         self.in_flight = Gauge("lu_requests_in_flight", "Requests being served.", registry=r)
         self.rejected = Counter("lu_rejected", "Jobs refused with a 503.", ["reason"], registry=r)
+        self.deadline_exceeded = Counter(
+            "lu_deadline_exceeded", "Jobs dropped because their deadline passed while they waited.", registry=r
+        )
         self.errors = Counter("lu_errors", "Error responses by stable code.", ["code"], registry=r)
         info = Gauge(
             "lu_device_info", "The device this process computes on (always 1).", ["device", "name"], registry=r
@@ -73,6 +76,15 @@ class Metrics:
     def watch_store(self, store: Any) -> None:
         """Export a :class:`service.store.FactorizationStore`'s counters, read at each scrape."""
         self.registry.register(_StoreCollector(store))
+
+    def observe_request(
+        self, endpoint: str, method: str, status: str, seconds: float, bytes_in: int, bytes_out: int
+    ) -> None:
+        """Count one answered request (HTTP: method and status code; gRPC: ``gRPC`` and the status name)."""
+        self.requests.labels(endpoint, method, status, self.device).inc()
+        self.latency.labels(endpoint, self.device).observe(seconds)
+        self.bytes_in.labels(endpoint).inc(bytes_in)
+        self.bytes_out.labels(endpoint).inc(bytes_out)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

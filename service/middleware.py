@@ -22,9 +22,7 @@ with status 499 (nginx's "client closed request") and logged without a traceback
 from __future__ import annotations
 
 import logging
-import re
 import time
-import uuid
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -34,7 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.budget import MemoryBudget, Reservation
 from service.codec import HEADER_LENGTH
 from service.config import Settings
-from service.context import request_id_var
+from service.context import choose_request_id, request_id_var
 from service.errors import ServiceError, bad_request, error_response, too_large
 from service.footprint import body_bytes
 from service.metrics import Metrics
@@ -43,7 +41,6 @@ __all__ = ["CLIENT_CLOSED", "RequestMiddleware", "reservation_of"]
 
 log = logging.getLogger("service.access")
 errors_log = logging.getLogger("service.errors")
-_VALID_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 CLIENT_CLOSED = 499
 _RESERVATION = "lu.reservation"
 
@@ -66,8 +63,7 @@ class RequestMiddleware:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        given = headers.get("x-request-id", "")
-        rid = given if _VALID_ID.fullmatch(given) else uuid.uuid4().hex
+        rid = choose_request_id(headers.get("x-request-id"))
         token = request_id_var.set(rid)
         start = time.perf_counter()
         state: dict[str, Any] = {"status": 500, "in": 0, "out": 0, "started": False}
@@ -140,11 +136,9 @@ class RequestMiddleware:
     def _record(self, scope: Scope, state: dict[str, Any], seconds: float) -> None:
         route = scope.get("route")
         endpoint = getattr(route, "path", None) or "unmatched"
-        m = self.metrics
-        m.requests.labels(endpoint, scope["method"], str(state["status"]), m.device).inc()
-        m.latency.labels(endpoint, m.device).observe(seconds)
-        m.bytes_in.labels(endpoint).inc(state["in"])
-        m.bytes_out.labels(endpoint).inc(state["out"])
+        self.metrics.observe_request(
+            endpoint, scope["method"], str(state["status"]), seconds, state["in"], state["out"]
+        )
         log.info(
             "%s %s %d",
             scope["method"],

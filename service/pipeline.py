@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from starlette.datastructures import State
 from starlette.requests import Request
 
+from service.budget import Reservation
 from service.codec import (
     Decoded,
     EncodedBody,
@@ -26,6 +28,7 @@ from service.device import Compute
 from service.footprint import answer_bytes
 from service.middleware import reservation_of
 from service.operations import Operation
+from service.request_options import earliest, take_control
 from service.transport import BodyResponse, offload, read_body, request_format
 
 __all__ = ["compute", "decode_native", "encode_native", "serve_native", "serve_v2"]
@@ -37,30 +40,42 @@ def _itemsize(tensors: Mapping[str, Any]) -> int:
 
 
 async def compute(
-    request: Request,
+    state: State,
     op: Operation,
     decoded: Decoded,
     *,
+    reservation: Reservation | None = None,
+    deadline: float | None = None,
     tensors: Mapping[str, Any] | None = None,
     job: tuple[str, Compute] | None = None,
     answer: bool = True,
 ) -> dict[str, Any]:
-    """Check ``op``'s inputs and options, reserve the answer's memory, run the job on the worker.
+    """Check a decoded request, reserve its answer's memory, run it on the worker (every protocol's requests
+    end here).
 
-    ``tensors`` are what ``op`` sees when they are more than the body's (a stored
-    factorization's LU and pivots); ``job`` replaces ``op``'s name and compute function;
-    ``answer=False`` when the outputs are not sent back (they are kept, and reserved, elsewhere).
+    ``reservation`` holds the request's memory and grows by its answer's before the job is
+    queued (unless ``answer=False``: the outputs are not sent back but kept, and reserved,
+    elsewhere). ``deadline`` (``time.monotonic()``) comes from the transport (a gRPC
+    deadline); Triton's ``timeout`` option may set an earlier one. ``tensors`` are what
+    ``op`` sees when they are more than the body's (a stored factorization's LU and
+    pivots); ``job`` replaces ``op``'s name and compute function.
     """
-    state = request.app.state
+    control = take_control(decoded.options)
     seen = decoded.tensors if tensors is None else tensors
     options = op.prepare(seen, decoded.options, state.settings.max_elements)
-    reservation = reservation_of(request.scope)
     if reservation is not None and answer:  # the answer's memory, known from the shapes, before the job is queued
         fmt = "binary" if decoded.binary and all(decoded.binary_outputs.values()) else "json"
         elements = op.output_elements(seen, options)
         reservation.grow(answer_bytes(fmt, elements, _itemsize(seen)), f"the answer of {op.name}")
     name, fn = job if job is not None else (op.name, op.compute)
-    return await state.worker.submit(name, fn, decoded.tensors, options, reservation=reservation)
+    return await state.worker.submit(
+        name,
+        fn,
+        decoded.tensors,
+        options,
+        reservation=reservation,
+        deadline=earliest(control.deadline, deadline),
+    )
 
 
 def _out_bytes(outputs: dict[str, Any]) -> int:
@@ -95,12 +110,12 @@ async def encode_native(outputs: dict[str, Any], binary: bool) -> BodyResponse:
 
 async def serve_native(request: Request, op: Operation) -> BodyResponse:
     decoded = await decode_native(request, op.inputs)
-    outputs = await compute(request, op, decoded)
+    outputs = await compute(request.app.state, op, decoded, reservation=reservation_of(request.scope))
     return await encode_native(outputs, decoded.binary)
 
 
 async def serve_v2(request: Request, op: Operation, version: str) -> BodyResponse:
     decoded = await _decode(request, decode_v2_json)
     check_outputs_known(decoded, op.outputs)
-    outputs = await compute(request, op, decoded)
+    outputs = await compute(request.app.state, op, decoded, reservation=reservation_of(request.scope))
     return await _encode(outputs, encode_v2, op.name, decoded, outputs, version)

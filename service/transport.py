@@ -13,7 +13,10 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from service.codec import HEADER_LENGTH, EncodedBody
+from service.compression import Inflater, inflater_for
 from service.errors import ServiceError, bad_request
+from service.footprint import BODY_FACTOR
+from service.middleware import reservation_of
 from service.protocol import READ_STARTED
 
 __all__ = ["BodyResponse", "offload", "read_body", "request_format"]
@@ -25,7 +28,11 @@ OFFLOAD_BYTES = 1 << 20
 
 
 def request_format(request: Request) -> tuple[Literal["json", "binary"], str | None]:
-    """``("binary", header_length)`` for the OIP binary framing, ``("json", None)`` for JSON; 415 otherwise."""
+    """``("binary", header_length)`` for the OIP binary framing, ``("json", None)`` for JSON; 415 otherwise.
+
+    The binary framing is told by its header alone; a declared type other than JSON, octet-stream
+    or none (a form, say) is still a 415, since such a body is certainly not an inference request.
+    """
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     header_length = request.headers.get(HEADER_LENGTH)
     if content_type not in ("", "application/json", "application/octet-stream"):
@@ -37,8 +44,8 @@ def request_format(request: Request) -> tuple[Literal["json", "binary"], str | N
         )
     if header_length is not None:
         return "binary", header_length
-    if content_type == "application/octet-stream":
-        raise bad_request("malformed_header", "a binary body needs the Inference-Header-Content-Length header")
+    # Triton's rule: without Inference-Header-Content-Length the body is JSON, whatever its
+    # content type (tritonclient.http.aio sends JSON bodies as application/octet-stream).
     return "json", None
 
 
@@ -53,11 +60,16 @@ async def read_body(request: Request) -> memoryview | bytes:
     already bounded the length and reserved its memory against the budget).
 
     The deadline (:class:`ReadDeadline`) starts at the request's first byte; a body
-    that falls behind it is a 408, and the connection is closed.
+    that falls behind it is a 408, and the connection is closed. A gzip or deflate
+    body (``Content-Encoding``) is inflated as it arrives, bounded in inflated bytes,
+    which are reserved too.
     """
     settings = request.app.state.settings
     started = request.scope.get(READ_STARTED, anyio.current_time())
     deadline = ReadDeadline(started, settings.read_timeout_s, settings.min_upload_rate)
+    inflater = _inflater(request)
+    if inflater is not None:
+        return await _inflate(_within(request, deadline), inflater)
     declared = request.headers.get("content-length")
     if declared is None or not declared.isdigit():
         return b"".join([chunk async for chunk in _within(request, deadline)])  # chunked: counted as it streams
@@ -112,6 +124,34 @@ async def _within(request: Request, deadline: ReadDeadline) -> AsyncIterator[byt
             raise deadline.timeout_error() from None
         received += len(chunk)
         yield chunk
+
+
+def _inflater(request: Request) -> Inflater | None:
+    """An inflater for a compressed body, bounded and reserved as the body's format is (415 for other codings)."""
+    settings = request.app.state.settings
+    fmt = "binary" if HEADER_LENGTH in request.headers else "json"
+    if fmt == "binary":
+        limit, name = settings.max_request_bytes, "LU_MAX_REQUEST_BYTES"
+    else:
+        limit, name = min(settings.max_json_bytes, settings.max_request_bytes), "LU_MAX_JSON_BYTES"
+    reservation = reservation_of(request.scope)
+
+    def reserve(nbytes: int) -> None:
+        # The middleware reserved for the compressed bytes; the inflated ones are decoded as a body is.
+        if reservation is not None:
+            reservation.grow(BODY_FACTOR[fmt] * nbytes, "the inflated body")
+
+    return inflater_for(request.headers.get("content-encoding"), limit, reserve, name)
+
+
+async def _inflate(chunks: AsyncIterator[bytes], inflater: Inflater) -> memoryview:
+    async for chunk in chunks:
+        # Small bodies inflate on the loop; once the output is big, each chunk goes to a thread.
+        if inflater.produced < OFFLOAD_BYTES:
+            inflater.feed(chunk)
+        else:
+            await anyio.to_thread.run_sync(inflater.feed, chunk)
+    return memoryview(inflater.finish())
 
 
 async def offload(nbytes: int, fn: Callable[..., T], *args: object) -> T:

@@ -25,7 +25,7 @@ import numpy as np
 from service.batcher import gather, run_merged
 from service.budget import Reservation
 from service.device import Compute, Device
-from service.errors import unavailable
+from service.errors import deadline_exceeded, unavailable
 from service.metrics import Metrics
 
 __all__ = ["DeviceWorker"]
@@ -45,6 +45,7 @@ class _Job:
     # The request's memory reservation, held by the job too: a client that leaves while its job
     # computes must not free the budget for memory the computation still uses.
     reservation: Reservation | None = None
+    deadline: float | None = None  # time.monotonic(); a job still queued after it is dropped
 
 
 _STOP = object()
@@ -131,12 +132,13 @@ class DeviceWorker:
         options: Mapping[str, bool],
         *,
         reservation: Reservation | None = None,
+        deadline: float | None = None,
     ) -> dict[str, Any]:
         if not self._accepting:
             raise unavailable("shutting_down", "the service is not accepting work", self._retry_after_s)
         loop = asyncio.get_running_loop()
         held = reservation.retain() if reservation is not None else None
-        job = _Job(name, compute, tensors, options, loop.create_future(), loop, time.perf_counter(), held)
+        job = _Job(name, compute, tensors, options, loop.create_future(), loop, time.perf_counter(), held, deadline)
         try:
             self._queue.put_nowait(job)
         except queue.Full:
@@ -178,10 +180,13 @@ class DeviceWorker:
             self._metrics.batch_wait.observe(time.perf_counter() - waited)
             self._metrics.queue_depth.set(self.depth)
             try:
-                if len(batch) == 1:
-                    self._compute(batch[0])
+                live = [job for job in batch if not self._expired(job)]
+                if not live:
+                    continue
+                if len(live) == 1:
+                    self._compute(live[0])
                 else:
-                    self._compute_merged(batch)
+                    self._compute_merged(live)
             finally:
                 for job in batch:
                     if job.reservation is not None:
@@ -207,6 +212,15 @@ class DeviceWorker:
         self._metrics.compute_seconds.labels(jobs[0].name, self.device.kind).observe(time.perf_counter() - start)
         for job, answer in zip(jobs, answers, strict=True):
             job.loop.call_soon_threadsafe(_settle, job.future, True, answer)
+
+    def _expired(self, job: _Job) -> bool:
+        """Drop a job whose deadline passed while it was queued: answered 408 and counted, never computed."""
+        if job.deadline is None or time.monotonic() <= job.deadline:
+            return False
+        self._metrics.deadline_exceeded.inc()
+        error = deadline_exceeded(f"{job.name}: the request's deadline passed while it waited for the device")
+        job.loop.call_soon_threadsafe(_settle, job.future, False, error)
+        return True
 
     def _compute(self, job: _Job, *, waited: bool = False) -> None:
         if job.future.cancelled():  # the client left while the job waited

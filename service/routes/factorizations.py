@@ -28,6 +28,7 @@ from service.config import Settings
 from service.device import Compute, Device, Resident
 from service.errors import invalid
 from service.metrics import Metrics
+from service.middleware import reservation_of
 from service.operations import OPERATIONS, Operation
 from service.pipeline import compute, decode_native, encode_native
 from service.schemas import native_openapi
@@ -238,7 +239,14 @@ async def put_factorization(request: Request, name: str) -> Response:
     reservation = store.reserve(_factor_bytes(np.asarray(decoded.tensors["A"])))
     try:
         # The factorization is kept, not sent: its bytes are the store's reservation, not the answer's.
-        out = await compute(request, FACTOR, decoded, job=("factorization_put", _factor_kept()), answer=False)
+        out = await compute(
+            request.app.state,
+            FACTOR,
+            decoded,
+            reservation=reservation_of(request.scope),
+            job=("factorization_put", _factor_kept()),
+            answer=False,
+        )
         LU, pivots = out["factors"].value
         entry = Entry(
             namespace=namespace,
@@ -293,7 +301,9 @@ async def _serve_pinned(
         entry = pin.entry
         tensors = {"LU": entry.LU, "pivots": entry.pivots, **decoded.tensors}
         job = (f"factorization_{op.name}", _with_pin(pin, op.compute))
-        out = await compute(request, op, decoded, tensors=tensors, job=job)
+        out = await compute(
+            request.app.state, op, decoded, reservation=reservation_of(request.scope), tensors=tensors, job=job
+        )
     finally:
         pin.abandon()
     return await encode_native(out, decoded.binary)

@@ -70,7 +70,8 @@ def test_compose_shows_every_setting_with_its_default():
     env = _compose()["x-lu-settings"]
     assert set(env) == _settings_fields()
     defaults = Settings()
-    container_overrides = {"LU_HOST": "0.0.0.0", "LU_API_KEY": "${LU_API_KEY:-}"}
+    # (LU_MAX_INFLIGHT_BYTES defaults to half the machine's memory: a container states its own.)
+    container_overrides = {"LU_HOST": "0.0.0.0", "LU_API_KEY": "${LU_API_KEY:-}", "LU_MAX_INFLIGHT_BYTES": "8589934592"}
     for name, value in env.items():
         if name in container_overrides:
             assert value == container_overrides[name]
@@ -115,9 +116,11 @@ def test_kubernetes_manifests_have_probes_limits_and_ports():
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-    port = container["ports"][0]
-    assert port["containerPort"] == 8000 and port["name"] == "http"
-    assert docs["Service"]["spec"]["ports"][0]["targetPort"] == "http"
+    http, grpc = container["ports"]
+    assert http["containerPort"] == 8000 and http["name"] == "http"
+    assert grpc["containerPort"] == 8001 and grpc["name"] == "grpc"
+    assert [p["targetPort"] for p in docs["Service"]["spec"]["ports"]] == ["http", "grpc"]
+    assert docs["ConfigMap"]["data"]["LU_GRPC_PORT"] == "8001"
     assert docs["Service"]["spec"]["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
     assert {r["configMapRef" if "configMapRef" in r else "secretRef"]["name"] for r in container["envFrom"]} == {
         "lu-service"
@@ -125,6 +128,17 @@ def test_kubernetes_manifests_have_probes_limits_and_ports():
     assert set(docs["ConfigMap"]["data"]) | set(docs["Secret"]["stringData"]) == _settings_fields()
     assert docs["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]["name"] == docs["Deployment"]["metadata"]["name"]
     assert pod["terminationGracePeriodSeconds"] > int(docs["ConfigMap"]["data"]["LU_GRACEFUL_SHUTDOWN_S"])
+
+
+def test_kserve_runtime_speaks_v2_and_grpc_v2_on_its_ports():
+    runtime = yaml.safe_load((ROOT / "deploy" / "kserve" / "servingruntime.yaml").read_text())
+    assert runtime["kind"] == "ServingRuntime" and set(runtime["spec"]["protocolVersions"]) == {"v2", "grpc-v2"}
+    (container,) = runtime["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert set(env) <= _settings_fields()
+    (h2c,) = container["ports"]
+    assert h2c["name"] == "h2c" and str(h2c["containerPort"]) == env["LU_GRPC_PORT"]
+    assert "EXPOSE 8000 8001" in (ROOT / "Dockerfile").read_text()
 
 
 def _dockerfile_cmd(target: str) -> list[str]:

@@ -15,7 +15,7 @@ def anyio_backend() -> str:
 
 
 def make_settings(**overrides) -> Settings:
-    base = {"device": "cpu", "warmup": False, "log_json": True}
+    base = {"device": "cpu", "warmup": False, "log_json": True, "grpc_port": 0}  # gRPC tests ask for a port
     return Settings(**{**base, **overrides})
 
 

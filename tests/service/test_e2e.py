@@ -31,8 +31,10 @@ def free_port() -> int:
 class Server:
     def __init__(self, **env: str) -> None:
         self.port = free_port()
+        self.grpc_port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        full_env = {**os.environ, "LU_PORT": str(self.port), "LU_DEVICE": "cpu", "PYTHONUNBUFFERED": "1", **env}
+        full_env = {**os.environ, "LU_PORT": str(self.port), "LU_GRPC_PORT": str(self.grpc_port), "LU_DEVICE": "cpu",
+                    "PYTHONUNBUFFERED": "1", **env}  # fmt: skip
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "service"], cwd=ROOT, env=full_env, stderr=subprocess.PIPE, text=True
         )
@@ -197,7 +199,13 @@ def test_tritonclient_and_requests_drive_the_refined_rcond_and_det_models(server
 
 
 def test_gpu_setting_without_a_gpu_fails_at_start():
-    env = {**os.environ, "LU_DEVICE": "gpu", "LU_PORT": str(free_port()), "CUDA_VISIBLE_DEVICES": ""}
+    env = {
+        **os.environ,
+        "LU_DEVICE": "gpu",
+        "LU_PORT": str(free_port()),
+        "LU_GRPC_PORT": "0",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     done = subprocess.run(
         [sys.executable, "-m", "service"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
@@ -207,21 +215,35 @@ def test_gpu_setting_without_a_gpu_fails_at_start():
 def test_graceful_shutdown_finishes_in_flight_requests(rng):
     srv = Server(LU_WARMUP="false")
     srv.wait_ready()
+    grpcclient = pytest.importorskip("tritonclient.grpc")
     A = rng.standard_normal((300, 120, 120))
     body, headers = binary_request({"A": A})
     answers: list[httpx.Response] = []
-    sender = threading.Thread(
-        target=lambda: answers.append(httpx.post(f"{srv.url}/lu", content=body, headers=headers, timeout=60))
-    )
-    sender.start()
+    grpc_answers: list[np.ndarray] = []
+
+    def grpc_call() -> None:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{srv.grpc_port}")
+        t = grpcclient.InferInput("A", list(A.shape), "FP64")
+        t.set_data_from_numpy(A)
+        grpc_answers.append(client.infer("lu_factor", [t], client_timeout=60).as_numpy("LU"))
+
+    senders = [
+        threading.Thread(
+            target=lambda: answers.append(httpx.post(f"{srv.url}/lu", content=body, headers=headers, timeout=60))
+        ),
+        threading.Thread(target=grpc_call),
+    ]
+    for sender in senders:
+        sender.start()
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # SIGTERM only once the request is in flight (the scrape counts itself)
-        scrape = httpx.get(f"{srv.url}/metrics").text
-        if "lu_requests_in_flight 2.0" in scrape:
+    while time.monotonic() < deadline:  # SIGTERM once both are in flight (the scrape counts itself: the third)
+        if "lu_requests_in_flight 3.0" in httpx.get(f"{srv.url}/metrics").text:
             break
         time.sleep(0.01)
     code = srv.stop()
-    sender.join(60)
+    for sender in senders:
+        sender.join(60)
     assert code in (0, -signal.SIGTERM), "".join(srv.log)  # uvicorn re-raises the signal once drained
     assert answers and answers[0].status_code == 200
+    assert grpc_answers and grpc_answers[0].shape == A.shape  # the gRPC door drained too
     assert any('"msg":"stopped"' in line for line in srv.log)

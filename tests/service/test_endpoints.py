@@ -7,7 +7,7 @@ import pytest
 
 import lu_core
 from tests.helpers import DTYPES, well_conditioned
-from tests.service.wire import binary_request, from_json_tensor, parse_binary, to_json_tensor
+from tests.service.wire import FROM_OIP, binary_request, from_json_tensor, parse_binary, to_json_tensor
 
 pytestmark = pytest.mark.anyio
 
@@ -180,15 +180,47 @@ async def test_v2_json_request_with_binary_outputs(client, rng):
 
 
 async def test_v2_metadata_and_health(client):
-    assert (await client.get("/v2")).json()["extensions"] == ["binary_tensor_data", "parameters"]
-    assert (await client.get("/v2/health/live")).status_code == 200
-    assert (await client.get("/v2/health/ready")).status_code == 200
+    for path in ("/v2", "/v2/"):
+        r = await client.get(path)
+        assert r.status_code == 200 and r.json()["extensions"] == ["binary_tensor_data", "parameters"]
+    r = await client.get("/v2/health/live")
+    assert r.status_code == 200 and r.json() == {"live": True}
+    r = await client.get("/v2/health/ready")
+    assert r.status_code == 200 and r.json() == {"ready": True}
     meta = (await client.get("/v2/models/lu_solve")).json()
     assert [i["name"] for i in meta["inputs"]] == ["LU", "pivots", "B"]
     assert [o["name"] for o in meta["outputs"]] == ["X"]
     assert meta["parameters"]["check_errors"] == {"datatype": "BOOL", "default": True}
-    assert (await client.get("/v2/models/solve/ready")).status_code == 200
-    assert (await client.get("/v2/models/solve/versions/1/ready")).status_code == 200
+    for path in ("/v2/models/solve/ready", "/v2/models/solve/versions/1/ready"):
+        r = await client.get(path)
+        assert r.status_code == 200 and r.json() == {"name": "solve", "ready": True}
     for path in ("/v2/models/qr", "/v2/models/qr/ready", "/v2/models/solve/versions/2"):
         r = await client.get(path)
         assert r.status_code == 404 and r.json()["code"] == "unknown_model"
+
+
+@pytest.mark.parametrize("datatype", ["FP32", "FP64", "COMPLEX64", "COMPLEX128", "INT32", "INT64"])
+@pytest.mark.parametrize("op", ["lu_factor", "lu_unpack", "lu_solve", "lu", "solve"])
+async def test_v2_metadata_tells_the_truth(client, op, datatype):
+    """Each listed shape admits leading batch dimensions; each listed output datatype is what comes back."""
+    meta = (await client.get(f"/v2/models/{op}")).json()
+    assert "any number of leading batch dimensions" in meta["parameters"]["batch_dimensions"]
+    matrix = np.eye(3) * 4 + 1  # exact in every datatype, nonsingular
+    inputs = {}
+    for t in meta["inputs"]:
+        assert t["shape"] == [-1] * len(t["shape"])
+        if t["name"] == "pivots":
+            inputs["pivots"] = np.broadcast_to(np.arange(1, 4, dtype=np.int32), (2, 1, 3)).copy()
+        else:
+            assert len(t["shape"]) == 2
+            inputs[t["name"]] = np.broadcast_to(matrix, (2, 1, 3, 3)).astype(FROM_OIP[datatype])
+    body, headers = binary_request(inputs)
+    r = await client.post(f"/v2/models/{op}/infer", content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    header, _ = parse_binary(r.content, int(r.headers["inference-header-content-length"]))
+    expected = meta["parameters"]["datatypes"][datatype]
+    for o in header["outputs"]:
+        listed = next(t for t in meta["outputs"] if t["name"] == o["name"])
+        assert o["datatype"] == expected[o["name"]], o
+        assert o["shape"][:2] == [2, 1] and len(o["shape"]) == 2 + len(listed["shape"])
+    assert {o["name"] for o in header["outputs"]} == set(expected)

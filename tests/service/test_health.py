@@ -29,8 +29,11 @@ async def test_readyz_is_503_until_warm(make_client):
     client.app.state.ready.clear()
     r = await client.get("/readyz")
     assert r.status_code == 503 and r.json()["status"] == "starting"
-    assert (await client.get("/v2/health/ready")).status_code == 503
-    assert (await client.get("/v2/models/lu/ready")).status_code == 503
+    r = await client.get("/v2/health/ready")
+    assert r.status_code == 503 and r.json() == {"ready": False}
+    r = await client.get("/v2/models/lu/ready")
+    assert r.status_code == 503 and r.json() == {"name": "lu", "ready": False}
+    assert (await client.get("/v2/health/live")).json() == {"live": True}
 
 
 async def test_warmup_runs_every_operation_before_ready(make_client):

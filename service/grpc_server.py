@@ -1,0 +1,237 @@
+"""The gRPC door: ``inference.GRPCInferenceService`` on ``LU_GRPC_PORT``, beside the HTTP routes.
+
+A second protocol, not a second service: requests are decoded
+(:mod:`service.grpc_codec`) into the same :class:`~service.codec.Decoded` objects
+the HTTP routes make and go through the same :func:`service.pipeline.compute`
+(options, deadline, output bound) to the same worker. Authentication, request
+ids, metrics, logs and the error model are the HTTP ones; a
+:class:`~service.errors.ServiceError` becomes a gRPC status through one table,
+:data:`GRPC_STATUS`. The server is ``grpcio``'s asyncio server, run on the
+event loop uvicorn runs, started and stopped by the app's lifespan.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from fastapi import FastAPI
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+import lu_core
+from service.auth import check_authorization
+from service.codec import check_outputs_known
+from service.context import choose_request_id, request_id_var
+from service.errors import ServiceError, from_core, unavailable
+from service.footprint import body_bytes
+from service.grpc_codec import decode_infer_request, encode_infer_response
+from service.metadata import VERSION, find_model, model_metadata, server_metadata
+from service.pipeline import compute
+from service.transport import offload
+
+__all__ = ["GRPC_STATUS", "GrpcServer", "grpc_status"]
+
+log = logging.getLogger("service.grpc")
+access_log = logging.getLogger("service.access")
+
+Code = grpc.StatusCode
+
+# The one table from the service's errors to gRPC status codes: a stable error code listed
+# here wins, otherwise its HTTP status decides. User input never maps to UNKNOWN or INTERNAL.
+GRPC_STATUS: dict[str | int, grpc.StatusCode] = {
+    "shutting_down": Code.UNAVAILABLE,
+    "not_ready": Code.UNAVAILABLE,
+    400: Code.INVALID_ARGUMENT,
+    401: Code.UNAUTHENTICATED,
+    404: Code.NOT_FOUND,
+    408: Code.DEADLINE_EXCEEDED,
+    413: Code.RESOURCE_EXHAUSTED,
+    415: Code.INVALID_ARGUMENT,
+    422: Code.INVALID_ARGUMENT,
+    503: Code.RESOURCE_EXHAUSTED,  # overloaded, out of memory: back off and retry
+    500: Code.INTERNAL,  # a bug, never input
+}
+
+SERVICE = "inference.GRPCInferenceService"
+_OPEN = frozenset({"ServerLive", "ServerReady"})  # as /v2/health/*: no API key
+_MAX_MESSAGE = (1 << 31) - 1  # protobuf's own bound
+
+
+def grpc_status(error: ServiceError) -> grpc.StatusCode:
+    """The gRPC status of a service error (:data:`GRPC_STATUS`)."""
+    return GRPC_STATUS.get(error.code) or GRPC_STATUS.get(error.status, Code.INTERNAL)
+
+
+def _as_service_error(exc: Exception) -> ServiceError:
+    if isinstance(exc, ServiceError):
+        return exc
+    if isinstance(exc, lu_core.LinAlgError):
+        return from_core(exc)
+    log.error("unhandled error", exc_info=exc)
+    return ServiceError(500, "internal_error", "internal server error; see the server log")
+
+
+Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """The health, metadata and inference RPCs of the protocol, over the app's state."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self.state = app.state
+
+    # ------------------------------------------------------------------ the RPCs
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext) -> Any:
+        return await self._serve("ServerLive", request, context, self._live)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext) -> Any:
+        return await self._serve("ServerReady", request, context, self._ready)
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> Any:
+        return await self._serve("ModelReady", request, context, self._model_ready)
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext) -> Any:
+        return await self._serve("ServerMetadata", request, context, self._server_metadata)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext) -> Any:
+        return await self._serve("ModelMetadata", request, context, self._model_metadata)
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> Any:
+        return await self._serve("ModelInfer", request, context, self._infer)
+
+    # ------------------------------------------------------------------ what they do
+
+    async def _live(self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext) -> Any:
+        return pb.ServerLiveResponse(live=True)
+
+    async def _ready(self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext) -> Any:
+        return pb.ServerReadyResponse(ready=self.state.ready.is_set())
+
+    async def _model_ready(self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext) -> Any:
+        find_model(request.name, request.version)
+        return pb.ModelReadyResponse(ready=self.state.ready.is_set())
+
+    async def _server_metadata(self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext) -> Any:
+        s = self.state.settings
+        meta = server_metadata(self.app.version, s.max_request_bytes, s.max_elements)
+        return pb.ServerMetadataResponse(name=meta["name"], version=meta["version"], extensions=meta["extensions"])
+
+    async def _model_metadata(self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext) -> Any:
+        meta = model_metadata(find_model(request.name, request.version))
+
+        def tensors(entries: list[dict[str, Any]]) -> list[Any]:
+            return [pb.ModelMetadataResponse.TensorMetadata(**t) for t in entries]
+
+        return pb.ModelMetadataResponse(
+            name=meta["name"],
+            versions=meta["versions"],
+            platform=meta["platform"],
+            inputs=tensors(meta["inputs"]),
+            outputs=tensors(meta["outputs"]),
+        )
+
+    async def _infer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> Any:
+        settings = self.state.settings
+        if not self.state.ready.is_set():
+            raise unavailable("not_ready", "the service is not ready (warming up or stopping)", settings.retry_after_s)
+        op = find_model(request.model_name, request.model_version)
+        # The message is already here (grpcio bounded it by LU_MAX_REQUEST_BYTES); its memory and what
+        # decoding makes of it are reserved as an HTTP body's are, held until the answer has been sent.
+        # (ByteSize, not the raw contents' lengths: each access to a bytes field copies it.)
+        size = request.ByteSize()
+        reservation = self.state.budget.reserve(body_bytes("binary", size), "this gRPC message")
+        context.add_done_callback(lambda _: reservation.release())
+        decoded = await offload(size, decode_infer_request, request, settings.max_elements)
+        check_outputs_known(decoded, op.outputs)
+        remaining = context.time_remaining()
+        deadline = None if remaining is None else time.monotonic() + remaining
+        outputs = await compute(self.state, op, decoded, reservation=reservation, deadline=deadline)
+        out_bytes = sum(v.nbytes for v in outputs.values() if v is not None)
+        return await offload(out_bytes, encode_infer_response, op.name, VERSION, decoded, outputs)
+
+    # ------------------------------------------------------------------ shared by every RPC
+
+    async def _serve(self, method: str, request: Any, context: grpc.aio.ServicerContext, handler: Handler) -> Any:
+        """Request id, API key, metrics, access log and the error table around one RPC."""
+        metadata = {k: v for k, v in (context.invocation_metadata() or ()) if isinstance(v, str)}
+        rid = choose_request_id(metadata.get("x-request-id"))
+        token = request_id_var.set(rid)
+        metrics = self.state.metrics
+        metrics.in_flight.inc()
+        start = time.perf_counter()
+        status = "CANCELLED"  # unless it ends otherwise
+        out = 0
+        try:
+            if method not in _OPEN:
+                check_authorization(metadata.get("authorization", ""), self.state.settings.api_keys)
+            response = await handler(request, context)
+            out = response.ByteSize()
+            status = Code.OK.name
+            context.set_trailing_metadata((("x-request-id", rid),))
+            return response
+        except Exception as exc:
+            error = _as_service_error(exc)
+            code = grpc_status(error)
+            status = code.name
+            metrics.errors.labels(error.code).inc()
+            if error.status >= 500:
+                log.warning("%s: %s", error.code, error.message)
+            trailing = [("x-request-id", rid), ("lu-error-code", error.code)]
+            trailing += [(k.lower(), v) for k, v in error.headers.items() if k.lower() == "retry-after"]
+            context.set_trailing_metadata(tuple(trailing))
+            await context.abort(code, error.message)
+        finally:
+            seconds = time.perf_counter() - start
+            path, size = f"/{SERVICE}/{method}", request.ByteSize()
+            metrics.in_flight.dec()
+            metrics.observe_request(path, "gRPC", status, seconds, size, out)
+            access_log.info(
+                "gRPC %s %s",
+                method,
+                status,
+                extra={"method": "gRPC", "path": path, "status": status, "duration_ms": round(seconds * 1000, 3),
+                       "bytes_in": size, "bytes_out": out},
+            )  # fmt: skip
+            request_id_var.reset(token)
+
+
+class GrpcServer:
+    """grpcio's asyncio server for one app, on ``LU_HOST:LU_GRPC_PORT``; started and stopped by the lifespan."""
+
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> int:
+        """Bind and serve (on the running event loop); returns the bound port."""
+        settings = self.app.state.settings
+        server = grpc.aio.server(
+            options=[
+                # The body bound of HTTP: a larger message is refused (RESOURCE_EXHAUSTED) before it is parsed.
+                ("grpc.max_receive_message_length", min(settings.max_request_bytes, _MAX_MESSAGE)),
+                ("grpc.max_send_message_length", _MAX_MESSAGE),
+            ]
+        )
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.app), server)
+        address = f"{settings.host}:{settings.grpc_port}"
+        try:
+            self.port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise OSError(f"LU_GRPC_PORT: cannot listen on {address}: {exc}") from None
+        await server.start()
+        self._server = server
+        log.info("gRPC on %s", address, extra={"grpc_port": self.port})
+        return self.port
+
+    async def stop(self, grace: float) -> None:
+        """Refuse new RPCs, let those in flight finish for up to ``grace`` seconds."""
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
