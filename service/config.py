@@ -50,6 +50,17 @@ class Settings(BaseSettings):
         description="auto: the GPU when CuPy sees one, else the CPU (logged loudly); gpu: fail at start without one.",
     )
     gpu_id: int = Field(0, ge=0, description="CUDA device ordinal the worker owns (one process per GPU).")
+    gpu_memory_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="Limit of the GPU memory pool in bytes (default: 80% of the device's memory at start); "
+        "a request that cannot fit answers 503 device_out_of_memory.",
+    )
+    gpu_pinned_bytes: int = Field(
+        1 << 30,
+        ge=0,
+        description="Most pinned host memory kept for upload staging buffers (0: pageable copies only).",
+    )
     max_request_bytes: int = Field(
         256 * MiB,
         gt=0,
@@ -117,6 +128,12 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log threshold.")
     log_json: bool = Field(True, description="One JSON object per log line (False: plain text, for a terminal).")
     graceful_shutdown_s: float = Field(30.0, ge=0, description="How long shutdown waits for in-flight requests.")
+
+    @field_validator("gpu_memory_bytes", mode="before")
+    @classmethod
+    def _blank_is_default(cls, value: object) -> object:
+        # LU_GPU_MEMORY_BYTES="" (as compose and the ConfigMap list it) means the default.
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("api_key")
     @classmethod

@@ -38,6 +38,8 @@ def _itemsize(decoded: Decoded) -> int:
 async def _compute(request: Request, op: Operation, decoded: Decoded) -> dict[str, Any]:
     state = request.app.state
     options = op.prepare(decoded.tensors, decoded.options, state.settings.max_elements)
+    # Refused here, before the job is queued and anything reaches the device.
+    state.worker.device.check_fits(op.device_bytes(decoded.tensors, options), op.name)
     reservation = reservation_of(request.scope)
     if reservation is not None:  # the answer's memory, known from the shapes, before the job is queued
         fmt = "binary" if decoded.binary and all(decoded.binary_outputs.values()) else "json"
