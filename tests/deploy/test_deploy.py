@@ -70,7 +70,8 @@ def test_compose_shows_every_setting_with_its_default():
     env = _compose()["x-lu-settings"]
     assert set(env) == _settings_fields()
     defaults = Settings()
-    container_overrides = {"LU_HOST": "0.0.0.0", "LU_API_KEY": "${LU_API_KEY:-}"}
+    # LU_MAX_INFLIGHT_BYTES defaults to half the memory of wherever it runs: compose sets it with the limit.
+    container_overrides = {"LU_HOST": "0.0.0.0", "LU_API_KEY": "${LU_API_KEY:-}", "LU_MAX_INFLIGHT_BYTES": "2147483648"}
     for name, value in env.items():
         if name in container_overrides:
             assert value == container_overrides[name]

@@ -43,26 +43,36 @@ def _spy(device) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    ("op", "tensors", "options", "expected"),
+    ("op", "tensors", "options", "input_bytes", "itemsize"),
     [
-        # inputs 2*3*3*4 = 72 bytes; outputs LU 18 + (pivots and info, bounded by) 2*2*3 elements, at 4 bytes
-        ("lu_factor", {"A": np.zeros((2, 3, 3), np.float32)}, {"pivot": True}, 72 + (18 + 12) * 4),
-        # integer input: computed in float64
-        ("lu_factor", {"A": np.zeros((3, 3), np.int32)}, {"pivot": True}, 36 + (9 + 6) * 8),
-        # P (4x4) + L (4x3) + U (3x3) per matrix, complex128
-        ("lu", {"A": np.zeros((4, 3), np.complex128)}, {"pivot": True}, 12 * 16 + (16 + 12 + 9) * 16),
-        # pivots do not set the dtype; B broadcasts against LU's batch
+        ("lu_factor", {"A": np.zeros((2, 3, 3), np.float32)}, {"pivot": True}, 72, 4),
+        ("lu_factor", {"A": np.zeros((3, 3), np.int32)}, {"pivot": True}, 36, 8),  # integers compute in float64
+        ("lu", {"A": np.zeros((4, 3), np.complex128)}, {"pivot": True}, 12 * 16, 16),
+        # pivots do not set the dtype
         (
             "lu_solve",
-            {"LU": np.zeros((5, 2, 2), np.float64), "pivots": np.ones((5, 2), np.int32), "B": np.zeros((2, 1))},
+            {
+                "LU": np.zeros((5, 2, 2), np.float32),
+                "pivots": np.ones((5, 2), np.int64),
+                "B": np.zeros((2, 1), np.float32),
+            },
             {"left": True, "adjoint": False, "check_errors": True},
-            160 + 40 + 16 + 5 * 2 * 8,
+            80 + 80 + 8,
+            4,
         ),
-        ("solve", {"A": np.zeros((0, 4, 4)), "B": np.zeros((0, 4, 1))}, {"left": True, "check_errors": True}, 0),
+        ("solve", {"A": np.zeros((0, 4, 4)), "B": np.zeros((0, 4, 1))}, {"left": True, "check_errors": True}, 0, 8),
     ],
 )
-def test_device_bytes_counts_inputs_and_outputs_from_the_shapes(op, tensors, options, expected):
-    assert OPERATIONS[op].device_bytes(tensors, options) == expected
+def test_device_bytes_counts_inputs_and_outputs_from_the_shapes(op, tensors, options, input_bytes, itemsize):
+    operation = OPERATIONS[op]
+    outputs = operation.output_elements(tensors, options)
+    assert operation.device_bytes(tensors, options) == input_bytes + outputs * itemsize
+
+
+def test_device_bytes_grow_with_the_answer_not_only_the_inputs():
+    lu = OPERATIONS["lu"]
+    tall = {"A": np.zeros((40, 1))}  # 320 bytes in; P alone is 40x40
+    assert lu.device_bytes(tall, {"pivot": True}) >= 320 + 40 * 40 * 8
 
 
 # --------------------------------------------------------------------------- refused before upload
