@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 # e.g. `make serve EXTRAS=server,cuda12`.
 EXTRAS ?= server
 
-.PHONY: serve test lint bench calibrate clean
+.PHONY: serve test lint bench calibrate clean gpu-proof gpu-wheels image image-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,31 @@ bench: $(BIN)/python
 calibrate: $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	$(BIN)/python -m bench.calibrate_cpu
+
+# The GPU proof: every GPU check and benchmark in one command, results (at most 8 files)
+# in OUT. On a device machine (no internet, no .venv): `make gpu-wheels` here first, carry
+# .whl, then `make gpu-proof OUT=$$OUT`, or in three shorter commands with
+# PARTS="env tests calibrate", PARTS=core-bench, PARTS="service oom service-bench".
+# Without a GPU, `LU_DEVICE=cpu make gpu-proof OUT=dir` rehearses it (CI runs that).
+OUT ?=
+PARTS ?= env tests calibrate core-bench service oom service-bench
+PROOF_PYTHON ?= $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+gpu-proof:
+	@test -n "$(OUT)" || { echo "usage: make gpu-proof OUT=dir [PARTS=\"$(PARTS)\"]" >&2; exit 2; }
+	$(PROOF_PYTHON) -m bench.gpu_proof --out "$(OUT)" --parts $(PARTS)
+
+# Wheels the device machine lacks (Python 3.12, manylinux x86-64) into .whl (ignored by git).
+gpu-wheels:
+	$(PYTHON) -m bench.gpu_wheels --dest .whl
+
+# Container images: docker where an engine runs, else buildah from a debootstrap base
+# (deploy/image.sh). `make image-check` builds both and runs what CI checks in them.
+TARGET ?= gpu
+image:
+	deploy/image.sh $(TARGET)
+
+image-check: $(BIN)/python
+	deploy/image_check.sh
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache .hypothesis build *.egg-info

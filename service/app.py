@@ -55,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = Metrics(device.kind, device.name)
     budget = MemoryBudget(settings.max_inflight_bytes, retry_after_s=settings.retry_after_s)
     metrics.watch_budget(budget)
+    device.attach_metrics(metrics)
     worker = DeviceWorker(
         device,
         metrics,

@@ -53,6 +53,17 @@ class Settings(BaseSettings):
         description="auto: the GPU when CuPy sees one, else the CPU (logged loudly); gpu: fail at start without one.",
     )
     gpu_id: int = Field(0, ge=0, description="CUDA device ordinal the worker owns (one process per GPU).")
+    gpu_memory_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="Limit of the GPU memory pool in bytes (default: 80% of the device's memory at start); "
+        "a request that cannot fit answers 503 device_out_of_memory.",
+    )
+    gpu_pinned_bytes: int = Field(
+        1 << 30,
+        ge=0,
+        description="Most pinned host memory kept for upload staging buffers (0: pageable copies only).",
+    )
     max_request_bytes: int = Field(
         256 * MiB,
         gt=0,
@@ -128,6 +139,12 @@ class Settings(BaseSettings):
     store_ttl_s: float = Field(
         3600.0, ge=0, description="Seconds a stored factorization may stay unused before it expires; 0: never."
     )
+
+    @field_validator("gpu_memory_bytes", mode="before")
+    @classmethod
+    def _blank_is_default(cls, value: object) -> object:
+        # LU_GPU_MEMORY_BYTES="" (as compose and the ConfigMap list it) means the default.
+        return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("api_key")
     @classmethod

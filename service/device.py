@@ -7,6 +7,17 @@ on the GPU that copies NumPy inputs in once on the worker's own CUDA stream,
 computes with CuPy arrays (``lu_core`` dispatches on them) and copies the
 results out once. Outputs wrapped in :class:`Resident` stay where they were
 computed (the factorization store keeps them on the device).
+
+Device memory is bounded here, not in the routes. ``LU_GPU_MEMORY_BYTES`` (default
+80% of the device's memory at start) is the limit of CuPy's device pool, and
+``LU_GPU_PINNED_BYTES`` caps the pinned host pool used for staging. Before a job
+is queued, :meth:`Device.check_fits` refuses a request whose need, known from its
+shapes, can never fit (503 ``device_out_of_memory`` with ``Retry-After``, nothing
+uploaded). An allocation failure during a job (CuPy's ``OutOfMemoryError``, a
+cuSOLVER/cuBLAS workspace) is caught in :meth:`Device.run`: the pools' free blocks
+are released and the request gets the same 503; the next request starts from a
+clean pool. The base class holds this logic, so the CPU stand-ins of the tests
+exercise the same code as the GPU.
 """
 
 from __future__ import annotations
@@ -14,16 +25,25 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import platform
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from service.config import Settings
+from service.errors import ServiceError, unavailable
 
-__all__ = ["CpuDevice", "Device", "DeviceUnavailableError", "GpuDevice", "Resident", "select_device"]
+if TYPE_CHECKING:
+    from service.metrics import Metrics
+
+__all__ = ["CpuDevice", "Device", "DeviceUnavailableError", "GpuDevice", "Resident", "gpu_problem", "select_device"]
 
 log = logging.getLogger("service.device")
+
+# LU_GPU_MEMORY_BYTES when unset: the rest is left to cuSOLVER/cuBLAS handles, the CUDA
+# context and other processes' needs (nvidia-smi, a profiler).
+DEFAULT_MEMORY_FRACTION = 0.8
 
 Compute = Callable[[Mapping[str, Any], Mapping[str, bool]], dict[str, Any]]
 
@@ -48,21 +68,76 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def operation_name(compute: Compute) -> str:
+    """The operation a compute function serves (``service.operations`` keeps the core names)."""
+    return getattr(compute, "__name__", "unknown").lstrip("_")
+
+
 class Device:
+    """The CPU, and the base of every device: memory bounds, out-of-memory recovery, stage timing.
+
+    Parameters
+    ----------
+    note
+        Why ``LU_DEVICE=auto`` chose the CPU, if it did.
+    memory_limit
+        Bytes the device may hold for requests (None: unbounded). The GPU sets its pool's
+        limit; tests give CPU stand-ins one to exercise :meth:`check_fits`.
+    retry_after_s
+        ``Retry-After`` of a ``device_out_of_memory`` answer.
+    """
+
     kind = "cpu"
 
-    def __init__(self, note: str | None = None) -> None:
+    def __init__(self, note: str | None = None, *, memory_limit: int | None = None, retry_after_s: int = 1) -> None:
         self.note = note  # why auto chose the CPU, if it did
+        self.memory_limit = memory_limit
+        self.pinned_limit: int | None = None
+        self.retry_after_s = retry_after_s
+        self.metrics: Metrics | None = None
 
     @property
     def name(self) -> str:
         return platform.processor() or platform.machine()
 
+    def attach_metrics(self, metrics: Metrics) -> None:
+        """Report device memory and per-stage device time into ``metrics``."""
+        self.metrics = metrics
+        metrics.watch_device_memory(self)
+
     def thread_init(self) -> None:
         """Called once on the worker thread before its first job."""
 
-    def run(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> dict[str, Any]:
-        return compute(tensors, options)
+    # ------------------------------------------------------------------ memory
+
+    def memory_in_use(self) -> int:
+        """Bytes the device holds for requests now (the pool's used bytes on a GPU)."""
+        return 0
+
+    def pinned_in_use(self) -> int:
+        """Bytes of pinned host memory held for staging."""
+        return 0
+
+    def check_fits(self, nbytes: int, what: str) -> None:
+        """Refuse, before anything is uploaded, a request that can never fit in the device's memory.
+
+        Raises
+        ------
+        ServiceError
+            503 ``device_out_of_memory`` with ``Retry-After`` when ``nbytes`` exceeds the limit.
+        """
+        limit = self.memory_limit
+        if limit is None or nbytes <= limit:
+            return
+        if self.metrics is not None:
+            self.metrics.rejected.labels("device_memory_limit").inc()
+        raise self._out_of_memory(
+            f"{what} needs at least {nbytes} bytes of {self.kind} memory for its inputs and outputs; "
+            f"the limit (LU_GPU_MEMORY_BYTES) is {limit}: send a smaller batch"
+        )
+
+    def _out_of_memory(self, message: str) -> ServiceError:
+        return unavailable("device_out_of_memory", message, self.retry_after_s)
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         return isinstance(exc, MemoryError)
@@ -70,10 +145,46 @@ class Device:
     def release_memory(self) -> None:
         """Give cached memory back after an out-of-memory error."""
 
+    # ------------------------------------------------------------------ running a job
+
+    def run(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> dict[str, Any]:
+        """Compute one job on the device; an allocation failure becomes 503 ``device_out_of_memory``."""
+        try:
+            return self._execute(compute, tensors, options)
+        except Exception as exc:
+            if not self.is_out_of_memory(exc):
+                raise
+            log.warning("out of %s memory in %s: %s", self.kind, operation_name(compute), exc)
+            self.release_memory()
+            if self.metrics is not None:
+                self.metrics.rejected.labels("device_out_of_memory").inc()
+            raise self._out_of_memory(
+                f"the {self.kind} ran out of memory for this request (its cached memory was released); "
+                "retry later or send a smaller one"
+            ) from exc
+
+    def _execute(
+        self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]
+    ) -> dict[str, Any]:
+        start = time.perf_counter()
+        out = compute(tensors, options)
+        self._observe(compute, {"compute": time.perf_counter() - start})
+        return out
+
+    def _observe(self, compute: Compute, stages: Mapping[str, float]) -> None:
+        if self.metrics is not None:
+            name = operation_name(compute)
+            for stage, seconds in stages.items():
+                self.metrics.device_seconds.labels(name, stage, self.kind).observe(seconds)
+
+    # ------------------------------------------------------------------ reporting
+
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {"kind": self.kind, "name": self.name}
         if self.note:
             info["note"] = self.note
+        if self.memory_limit is not None:
+            info["memory_limit_bytes"] = self.memory_limit
         return info
 
     def versions(self) -> dict[str, str | None]:
@@ -91,39 +202,119 @@ class CpuDevice(Device):
 
 
 class GpuDevice(Device):
+    """One CUDA device, owned by the worker thread.
+
+    A job runs on three streams of the worker's own: inputs go up on ``upload``
+    (through reused pinned staging buffers, so the copy is asynchronous), the
+    ``compute`` stream waits for them with an event and runs ``lu_core``, and the
+    ``download`` stream waits for the compute's event and copies the results out.
+    The host waits only for the last event, the one the answer needs; no
+    device-wide synchronisation. The events also give the per-stage device time.
+    """
+
     kind = "gpu"
 
-    def __init__(self, index: int) -> None:
-        super().__init__()
+    def __init__(
+        self,
+        index: int,
+        *,
+        memory_limit: int | None = None,
+        pinned_limit: int | None = None,
+        retry_after_s: int = 1,
+    ) -> None:
         import cupy
 
+        props = cupy.cuda.runtime.getDeviceProperties(index)
+        total = int(props["totalGlobalMem"])
+        super().__init__(
+            memory_limit=memory_limit if memory_limit is not None else int(total * DEFAULT_MEMORY_FRACTION),
+            retry_after_s=retry_after_s,
+        )
         self._cp = cupy
         self.index = index
-        props = cupy.cuda.runtime.getDeviceProperties(index)
         raw = props["name"]
         self._name = raw.decode() if isinstance(raw, bytes) else str(raw)
-        self._memory = int(props["totalGlobalMem"])
-        self._stream: Any = None
+        self._memory = total
+        self.pinned_limit = pinned_limit
+        self._pool = cupy.get_default_memory_pool()
+        self._pinned_pool = cupy.get_default_pinned_memory_pool()
+        with cupy.cuda.Device(index):
+            # CuPy raises OutOfMemoryError past this limit instead of taking the whole card.
+            self._pool.set_limit(size=self.memory_limit)
+        self._streams: tuple[Any, Any, Any] | None = None
+        self._staging = PinnedStaging(cupy, pinned_limit)
 
     @property
     def name(self) -> str:
         return self._name
 
     def thread_init(self) -> None:
-        self._cp.cuda.Device(self.index).use()
-        self._stream = self._cp.cuda.Stream(non_blocking=True)
-
-    def run(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> dict[str, Any]:
         cp = self._cp
-        with self._stream:
-            on_device = {k: cp.asarray(v) for k, v in tensors.items()}
-            out = compute(on_device, options)
-            host = {
-                k: v if v is None or isinstance(v, Resident) else cp.asnumpy(v, stream=self._stream)
-                for k, v in out.items()
-            }
-            self._stream.synchronize()
+        cp.cuda.Device(self.index).use()
+        self._streams = tuple(cp.cuda.Stream(non_blocking=True) for _ in range(3))  # type: ignore[assignment]
+
+    def memory_in_use(self) -> int:
+        # Read from the scraping thread: the pool is per device, so name ours.
+        with self._cp.cuda.Device(self.index):
+            return int(self._pool.used_bytes())
+
+    def pinned_in_use(self) -> int:
+        return self._staging.held_bytes
+
+    def _execute(
+        self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]
+    ) -> dict[str, Any]:
+        cp = self._cp
+        assert self._streams is not None, "thread_init runs first, on the worker thread"
+        upload, work, download = self._streams
+        marks = [cp.cuda.Event() for _ in range(4)]
+        staged: list[Any] = []
+        try:
+            marks[0].record(upload)
+            with upload:
+                on_device = {k: self._upload(v, upload, staged) for k, v in tensors.items()}
+            marks[1].record(upload)
+            work.wait_event(marks[1])
+            with work:
+                out = compute(on_device, options)
+            marks[2].record(work)
+            download.wait_event(marks[2])
+            with download:
+                host = {
+                    # Resident outputs (a stored factorization) stay on the device.
+                    k: v if v is None or isinstance(v, Resident) else cp.asnumpy(v, stream=download)
+                    for k, v in out.items()
+                }
+            marks[3].record(download)
+            marks[3].synchronize()
+        finally:
+            if staged:
+                upload.synchronize()  # after a failure the copies from staging may still be running
+            self._staging.release(staged)
+        self._observe(
+            compute,
+            {
+                "upload": cp.cuda.get_elapsed_time(marks[0], marks[1]) / 1e3,
+                "compute": cp.cuda.get_elapsed_time(marks[1], marks[2]) / 1e3,
+                "download": cp.cuda.get_elapsed_time(marks[2], marks[3]) / 1e3,
+            },
+        )
         return host
+
+    def _upload(self, a: Any, stream: Any, staged: list[Any]) -> Any:
+        cp = self._cp
+        if isinstance(a, cp.ndarray):  # already on the device (a stored factorization's LU and pivots)
+            return a
+        a = np.ascontiguousarray(a)
+        taken = self._staging.take(a.nbytes)
+        if taken is None:  # small, or over the pinned cap: a plain, synchronous copy
+            return cp.asarray(a)
+        staged.append(taken)
+        host = np.frombuffer(taken[1], dtype=np.uint8, count=a.nbytes).view(a.dtype).reshape(a.shape)
+        np.copyto(host, a)
+        dev = cp.empty(a.shape, a.dtype)
+        dev.set(host, stream=stream)
+        return dev
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         cp = self._cp
@@ -133,8 +324,9 @@ class GpuDevice(Device):
         return "ALLOC_FAILED" in str(exc) or "out of memory" in str(exc).lower()
 
     def release_memory(self) -> None:
-        self._cp.get_default_memory_pool().free_all_blocks()
-        self._cp.get_default_pinned_memory_pool().free_all_blocks()
+        self._pool.free_all_blocks()
+        self._staging.clear()
+        self._pinned_pool.free_all_blocks()
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "index": self.index, "memory_bytes": self._memory}
@@ -152,7 +344,53 @@ class GpuDevice(Device):
         }
 
 
-def _gpu_problem(index: int) -> str | None:
+class PinnedStaging:
+    """Pinned host buffers for uploads, reused across requests, their total bounded.
+
+    Buffers come from CuPy's pinned memory pool in power-of-two sizes and go back to
+    a free list after each job, so a steady stream of similar requests allocates no
+    pinned memory at all. Past ``limit`` bytes held, :meth:`take` answers None and the
+    caller copies from pageable memory instead (slower, never refused).
+    """
+
+    MIN_BYTES = 1 << 16  # below this a pageable copy costs no more
+
+    def __init__(self, cupy: Any, limit: int | None) -> None:
+        self._cp = cupy
+        self.limit = limit
+        self.held_bytes = 0
+        self._free: dict[int, list[Any]] = {}
+
+    def take(self, nbytes: int) -> tuple[int, Any] | None:
+        """A (size, buffer) of at least ``nbytes``; None when small or over the limit."""
+        if nbytes < self.MIN_BYTES:
+            return None
+        size = 1 << (nbytes - 1).bit_length()
+        free = self._free.get(size)
+        if free:
+            return free.pop()
+        if self.limit is not None and self.held_bytes + size > self.limit:
+            self.clear()  # drop idle buffers of other sizes before giving up
+            if self.held_bytes + size > self.limit:
+                return None
+        taken = (size, self._cp.cuda.alloc_pinned_memory(size))
+        self.held_bytes += size
+        return taken
+
+    def release(self, taken: list[tuple[int, Any]]) -> None:
+        """Back to the free list (after the copies that read them have completed)."""
+        for item in taken:
+            self._free.setdefault(item[0], []).append(item)
+        taken.clear()
+
+    def clear(self) -> None:
+        """Drop the idle buffers (CuPy's pinned pool keeps them until freed there)."""
+        for bufs in self._free.values():
+            self.held_bytes -= sum(size for size, _ in bufs)
+        self._free.clear()
+
+
+def gpu_problem(index: int) -> str | None:
     """None when GPU ``index`` is usable, else why not."""
     try:
         import cupy
@@ -171,14 +409,21 @@ def select_device(settings: Settings) -> Device:
     """The device the settings ask for; raises :class:`DeviceUnavailableError` for gpu without one."""
     if settings.device == "cpu":
         log.info("computing on the CPU (LU_DEVICE=cpu)")
-        return CpuDevice()
-    problem = _gpu_problem(settings.gpu_id)
+        return CpuDevice(retry_after_s=settings.retry_after_s)
+    problem = gpu_problem(settings.gpu_id)
     if problem is None:
-        device = GpuDevice(settings.gpu_id)
-        log.info("computing on GPU %d: %s", settings.gpu_id, device.name)
+        device = GpuDevice(
+            settings.gpu_id,
+            memory_limit=settings.gpu_memory_bytes,
+            pinned_limit=settings.gpu_pinned_bytes,
+            retry_after_s=settings.retry_after_s,
+        )
+        log.info(
+            "computing on GPU %d: %s; device pool limit %d bytes", settings.gpu_id, device.name, device.memory_limit
+        )
         return device
     if settings.device == "gpu":
         raise DeviceUnavailableError(f"LU_DEVICE=gpu but no GPU is usable: {problem}")
     note = f"no GPU: {problem}; computing on the CPU"
     log.warning("LU_DEVICE=auto: %s", note)
-    return CpuDevice(note=note)
+    return CpuDevice(note=note, retry_after_s=settings.retry_after_s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from service.budget import MemoryBudget
+    from service.device import Device
 
 __all__ = ["Metrics"]
 
@@ -44,6 +46,10 @@ class Metrics:
         self.batch_wait = Histogram(
             "lu_batch_wait_seconds", "Time the worker spent gathering a batch (LU_BATCH_DELAY_US).",
             buckets=(0.00001, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05), registry=r,
+        )  # fmt: skip
+        self.device_seconds = Histogram(
+            "lu_device_seconds", "Device time of a job by stage (upload, compute, download; CUDA events on a GPU).",
+            ["operation", "stage", "device"], buckets=_LATENCY, registry=r,
         )  # fmt: skip
         self.bytes_in = Counter("lu_request_bytes", "Request body bytes received.", ["endpoint"], registry=r)
         self.bytes_out = Counter("lu_response_bytes", "Response body bytes sent.", ["endpoint"], registry=r)
@@ -85,6 +91,23 @@ class Metrics:
         self.latency.labels(endpoint, self.device).observe(seconds)
         self.bytes_in.labels(endpoint).inc(bytes_in)
         self.bytes_out.labels(endpoint).inc(bytes_out)
+
+    def watch_device_memory(self, device: Device) -> None:
+        """Gauges read from the device at each scrape: memory in use and its limits."""
+        r = self.registry
+        Gauge("lu_device_memory_in_use_bytes", "Device memory held by the pool for requests.", registry=r).set_function(
+            device.memory_in_use
+        )
+        Gauge("lu_pinned_memory_in_use_bytes", "Pinned host memory held for staging.", registry=r).set_function(
+            device.pinned_in_use
+        )
+        # +Inf where there is no limit (the CPU).
+        Gauge("lu_device_memory_limit_bytes", "Limit of the device memory pool.", registry=r).set_function(
+            lambda: math.inf if device.memory_limit is None else device.memory_limit
+        )
+        Gauge("lu_pinned_memory_limit_bytes", "Limit of pinned staging memory.", registry=r).set_function(
+            lambda: math.inf if device.pinned_limit is None else device.pinned_limit
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

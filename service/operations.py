@@ -10,6 +10,7 @@ ask for an enormous result (``lu_unpack`` of a tall matrix, a broadcast solve).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -89,6 +90,23 @@ class Operation:
                 f"{self.name} would return {count} elements, more than LU_MAX_ELEMENTS = {max_elements}",
             )
         return opts
+
+    def device_bytes(self, tensors: Arrays, options: Mapping[str, bool]) -> int:
+        """Device memory the job needs at least, from the shapes: its inputs and outputs.
+
+        Outputs are counted in the computing dtype (integer inputs compute in float64);
+        workspace is not known in advance and is not counted.
+        """
+        inputs = sum(int(getattr(t, "nbytes", 0)) for t in tensors.values())
+        sizes = [_compute_itemsize(t) for name, t in tensors.items() if name != "pivots"]
+        return inputs + self.output_elements(tensors, options) * max(sizes, default=8)
+
+
+def _compute_itemsize(a: Any) -> int:
+    dtype = getattr(a, "dtype", None)
+    if dtype is None or dtype.kind not in "fc":
+        return 8  # promoted to float64
+    return dtype.itemsize
 
 
 def _dims(a: Any) -> tuple[int, ...]:
@@ -230,6 +248,7 @@ _NORM = Option("1", _check_norm, {"type": "string", "enum": ["1", "inf"]}, "STRI
 def _quiet(fn: Callable[[Arrays, Mapping[str, bool]], Outputs]) -> Callable[[Arrays, Mapping[str, bool]], Outputs]:
     """Singular systems answered with check_errors=false hold inf/NaN by design: no warnings."""
 
+    @functools.wraps(fn)  # keeps the name: the device labels its timings with it
     def run(t: Arrays, o: Mapping[str, bool]) -> Outputs:
         with np.errstate(all="ignore"):
             return fn(t, o)

@@ -243,7 +243,7 @@ class DeviceWorker:
             self._metrics.rejected.labels("out_of_memory").inc()
             self.device.release_memory()
             return unavailable(
-                "out_of_memory",
+                "device_out_of_memory",
                 f"the {self.device.kind} ran out of memory for this request; retry later or send a smaller one",
                 self._retry_after_s,
             )

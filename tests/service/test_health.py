@@ -106,7 +106,7 @@ def test_settings_come_from_lu_environment(monkeypatch):
 def test_gpu_without_a_gpu_fails_and_auto_falls_back(monkeypatch):
     import service.device as device_module
 
-    monkeypatch.setattr(device_module, "_gpu_problem", lambda index: "CuPy is not installed")
+    monkeypatch.setattr(device_module, "gpu_problem", lambda index: "CuPy is not installed")
     with pytest.raises(DeviceUnavailableError, match="LU_DEVICE=gpu"):
         select_device(Settings(device="gpu"))
     auto = select_device(Settings(device="auto"))

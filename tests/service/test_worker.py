@@ -64,7 +64,7 @@ async def test_out_of_memory_is_503_and_the_service_goes_on(make_client):
     device.run = failing_run
     device.release_memory = lambda: released.append(True)
     r = await client.post("/solve", json=BODY)
-    assert r.status_code == 503 and r.json()["code"] == "out_of_memory" and "retry-after" in r.headers
+    assert r.status_code == 503 and r.json()["code"] == "device_out_of_memory" and "retry-after" in r.headers
     assert released == [True]
     r = await client.post("/solve", json=BODY)
     assert r.status_code == 200

@@ -1,0 +1,395 @@
+"""``python -m bench.gpu_proof --out DIR``: everything a GPU claim rests on, in one command.
+
+    make gpu-proof OUT=dir                       # every part (on a device machine: ~25 min)
+    make gpu-proof OUT=dir PARTS="tests calibrate"   # some parts (fits one 10-minute device command)
+    LU_DEVICE=cpu make gpu-proof OUT=dir         # the rehearsal CI runs: no device needed
+
+Parts, in order (each a subprocess or an isolated step with its own time limit, so a
+hang or crash in one still leaves the others' results):
+
+``env``           versions, the GPU's name and memory, nvidia-smi
+``tests``         the GPU test suite: ``tests/lu_core/_gpu`` and every test marked ``gpu``
+``calibrate``     ``python -m bench.calibrate_gpu`` (fills ``lu_core/_gpu/_tuning.py``; its diff is kept)
+``core-bench``    ``python -m bench --suite core-gpu`` (lu_core against torch CUDA and cupyx)
+``service``       ``python -m service`` end to end: native JSON, binary, ``/v2`` through
+                  ``tritonclient.http``, stored factorizations and batching where the routes
+                  and settings exist, device memory in ``/metrics``, start time
+``oom``           device memory: a request over ``LU_GPU_MEMORY_BYTES`` is refused before
+                  upload, an allocation failure during compute is a 503 and the next request works
+``service-bench`` ``python -m bench --suite service`` on the device
+
+It writes at most 8 files into DIR, named ``gpu-proof-<device>-<what>`` (``<device>`` is
+``h100``, ``h200``, ... or ``cpu``), ready to be committed to ``bench/results/``, and
+exits 1 if any part failed, after running all of them. With ``--device cpu`` (the default
+when ``LU_DEVICE=cpu``) the parts that need a GPU say so and are skipped; the rest run.
+Wheels carried beside the checkout (``--wheels .whl``, made by ``make gpu-wheels``) are
+installed into a private folder first (the device machine has no internet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as dt
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = ("env", "tests", "calibrate", "core-bench", "service", "oom", "service-bench")
+# Seconds per part on a device. Grouped so that each of three commands stays under the
+# device machine's 10-minute limit: (env, tests, calibrate), (core-bench), (service, oom, service-bench).
+LIMITS = {
+    "env": 30,
+    "tests": 210,
+    "calibrate": 300,
+    "core-bench": 540,
+    "service": 150,
+    "oom": 90,
+    "service-bench": 330,
+}
+MAX_FILES = 8
+
+
+@dataclasses.dataclass
+class Outcome:
+    status: str  # ok, failed, skipped, missing
+    note: str = ""
+    seconds: float = 0.0
+
+
+class Proof:
+    """Runs the parts and owns the output folder (never more than MAX_FILES files)."""
+
+    def __init__(self, out: Path, device: str, quick: bool, log: Callable[[str], None]) -> None:
+        self.out = out
+        self.device = device  # "gpu" or "cpu": what the service and the checks are asked to use
+        self.quick = quick
+        self.log = log
+        self.slug = "cpu" if device == "cpu" else gpu_slug()
+        self.env = dict(os.environ)
+        self.env["PYTHONUNBUFFERED"] = "1"
+        self.env["LU_DEVICE"] = device
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), self.env.get("PYTHONPATH", "")) if p)
+        self.files: dict[str, Path] = {}
+        self.facts: dict[str, str] = {}
+        self.checks: list[str] = []
+        self.scratch = Path(tempfile.mkdtemp(prefix="gpu-proof-"))
+
+    # ------------------------------------------------------------------ output files
+
+    def limit(self, part: str) -> float:
+        """Seconds for ``part``: the device's budget, four times that for the rehearsal on a busy CI machine."""
+        return LIMITS[part] * (4 if self.device == "cpu" else 1)
+
+    def path(self, what: str) -> Path:
+        """The one file of ``what`` (``tests.log``, ``core.md``, ...), counted against MAX_FILES."""
+        if what not in self.files:
+            if len(self.files) >= MAX_FILES:
+                raise RuntimeError(f"more than {MAX_FILES} output files: {sorted(self.files)}")
+            self.files[what] = self.out / f"gpu-proof-{self.slug}-{what}"
+        return self.files[what]
+
+    def append(self, what: str, text: str) -> None:
+        with self.path(what).open("a") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+
+    # ------------------------------------------------------------------ subprocesses
+
+    def sh(self, what: str, argv: list[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int, str]:
+        """Run ``argv`` in the checkout, its output appended to file ``what``; (rc, output). rc 124: timed out."""
+        self.log(f"$ {' '.join(argv)}")
+        self.append(what, f"\n$ {' '.join(argv)}\n")
+        try:
+            done = subprocess.run(
+                argv, cwd=ROOT, env=env or self.env, capture_output=True, text=True, timeout=timeout, check=False
+            )
+            rc, text = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout or b""
+            err = exc.stderr or b""
+            text = (out.decode() if isinstance(out, bytes) else out) + (err.decode() if isinstance(err, bytes) else err)
+            rc, text = 124, text + f"\n[timed out after {timeout:.0f} s]\n"
+        self.append(what, text + f"[exit {rc}]\n")
+        return rc, text
+
+
+def gpu_slug() -> str:
+    """h100, h200, ... from the GPU's name (``gpu`` when it cannot be read)."""
+    name = gpu_name() or ""
+    found = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name.upper())
+    return found.group(1).lower() if found else "gpu"
+
+
+def gpu_name() -> str | None:
+    try:
+        import cupy
+
+        raw = cupy.cuda.runtime.getDeviceProperties(0)["name"]
+        return raw.decode() if isinstance(raw, bytes) else str(raw)
+    except Exception:
+        return None
+
+
+def gpu_problem() -> str | None:
+    """None when CuPy sees a GPU, else why not (the service's own test, so both agree)."""
+    from service.device import gpu_problem as problem
+
+    return problem(0)
+
+
+# --------------------------------------------------------------------------- parts
+
+
+def part_env(p: Proof) -> Outcome:
+    facts = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "asked device": p.device,
+    }
+    for dist in ("lu-service", "numpy", "scipy", "numba", "cupy-cuda12x", "cupy-cuda13x", "torch", "fastapi"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            facts[dist] = importlib.metadata.version(dist)
+    problem = gpu_problem()
+    facts["gpu"] = gpu_name() or f"none ({problem})"
+    if shutil.which("nvidia-smi"):
+        rc, text = p.sh("summary.md", ["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                                       "--format=csv,noheader"], 30)  # fmt: skip
+        if rc == 0:
+            facts["nvidia-smi"] = text.strip().splitlines()[0]
+    p.facts.update(facts)
+    if p.device == "gpu" and problem is not None:
+        return Outcome("failed", f"asked for the GPU but {problem}")
+    return Outcome("ok", facts["gpu"])
+
+
+def _pytest_counts(text: str) -> str:
+    lines = [ln for ln in text.strip().splitlines() if re.search(r"\d+ (passed|failed|skipped|error|deselected)", ln)]
+    return lines[-1].strip("= ") if lines else "no summary"
+
+
+def part_tests(p: Proof) -> Outcome:
+    base = [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-o", "addopts=--strict-markers"]
+    limit = p.limit("tests") / 2
+    if p.device == "cpu":
+        # Without a device the suite only skips, and `make test` already runs its device-free
+        # tests (the kernel compile checks): collect it, to prove that it is found and marked.
+        rc, text = p.sh("tests.log", [*base, "--collect-only", "tests/lu_core/_gpu", "tests", "-m", "gpu"], limit)
+        if rc not in (0, 5):
+            return Outcome("failed", f"collection: {_pytest_counts(text)}")
+        return Outcome("skipped", f"needs the device; collected {_pytest_counts(text)}")
+    rc1, t1 = p.sh("tests.log", [*base, "tests/lu_core/_gpu"], limit)
+    rc2, t2 = p.sh("tests.log", [*base, "-m", "gpu", "tests", "--ignore=tests/lu_core/_gpu"], limit)
+    note = f"tests/lu_core/_gpu: {_pytest_counts(t1)}; marked gpu elsewhere: {_pytest_counts(t2)}"
+    if rc1 not in (0, 5) or rc2 not in (0, 5):
+        return Outcome("failed", note)
+    skipped = re.search(r"(\d+) skipped", t1 + t2)
+    if skipped and "no CUDA device" in t1 + t2:
+        return Outcome("failed", note + " (tests skipped for lack of a device on a GPU run)")
+    return Outcome("ok", note)
+
+
+def part_calibrate(p: Proof) -> Outcome:
+    if importlib.util.find_spec("bench.calibrate_gpu") is None:
+        return Outcome("missing", "bench/calibrate_gpu.py does not exist yet (issue 11)")
+    folder = p.scratch / "calibration"
+    tuning = ROOT / "lu_core" / "_gpu" / "_tuning.py"
+    before = tuning.read_text() if tuning.exists() else ""
+    rc, _ = p.sh("calibration.md", [sys.executable, "-m", "bench.calibrate_gpu", "--out", str(folder)],
+                    p.limit("calibrate"))  # fmt: skip
+    for f in sorted(folder.glob("*.md")) if folder.exists() else []:
+        p.append("calibration.md", f"\n## {f.name}\n\n{f.read_text()}")
+    after = tuning.read_text() if tuning.exists() else ""
+    if after != before:
+        p.append("calibration.md", f"\n## lu_core/_gpu/_tuning.py as calibrated\n\n```python\n{after}```\n")
+    if rc != 0:
+        return Outcome("failed", f"exit {rc}")
+    if gpu_problem() is not None:
+        return Outcome("skipped", "needs the device (calibrate_gpu ran and said so)")
+    return Outcome("ok", "tuning changed" if after != before else "tuning unchanged")
+
+
+def part_core_bench(p: Proof) -> Outcome:
+    if gpu_problem() is not None:
+        # Still run it: the suite must skip itself cleanly without a device.
+        rc, _ = p.sh("core.md", [sys.executable, "-m", "bench", "--suite", "core-gpu", "--quick", "--out", ""], 240)
+        if rc != 0:
+            return Outcome("failed", f"exit {rc} without a device")
+        return Outcome("skipped", "needs the device (the suite ran and skipped itself)")
+    folder = p.scratch / "core"
+    argv = [sys.executable, "-m", "bench", "--suite", "core-gpu", "--out", str(folder)]
+    rc, _ = p.sh("core.log", [*argv, *(["--quick"] if p.quick else [])], p.limit("core-bench"))
+    reports = sorted(folder.glob("*.md")) if folder.exists() else []
+    for f in reports:
+        p.append("core.md", f.read_text())
+    if rc != 0:
+        return Outcome("failed", f"exit {rc}")
+    return Outcome("ok", f"{len(reports)} report(s)") if reports else Outcome("failed", "no report written")
+
+
+def part_service(p: Proof) -> Outcome:
+    from bench import _proof_service
+
+    return _proof_service.end_to_end(p)
+
+
+def part_oom(p: Proof) -> Outcome:
+    from bench import _proof_service
+
+    if p.device == "cpu" or gpu_problem() is not None:
+        return Outcome(
+            "skipped",
+            "needs the device (the same logic runs on CPU stand-ins in tests/service/test_device_memory.py)",
+        )
+    return _proof_service.out_of_memory(p)
+
+
+def part_service_bench(p: Proof) -> Outcome:
+    folder = p.scratch / "service-bench"
+    argv = [sys.executable, "-m", "bench", "--suite", "service", "--out", str(folder)]
+    rc, _ = p.sh("service.log", [*argv, *(["--quick"] if p.quick else [])], p.limit("service-bench"))
+    reports = sorted(folder.glob("*.md")) if folder.exists() else []
+    for f in reports:
+        p.append("service-bench.md", f.read_text())
+    if rc != 0:
+        return Outcome("failed", f"exit {rc}")
+    return Outcome("ok", reports[0].name) if reports else Outcome("failed", "no report written")
+
+
+RUNNERS: dict[str, Callable[[Proof], Outcome]] = {
+    "env": part_env,
+    "tests": part_tests,
+    "calibrate": part_calibrate,
+    "core-bench": part_core_bench,
+    "service": part_service,
+    "oom": part_oom,
+    "service-bench": part_service_bench,
+}
+
+
+# --------------------------------------------------------------------------- wheels, summary, main
+
+
+def install_wheels(folder: Path, log: Callable[[str], None]) -> str | None:
+    """pip-install the wheels in ``folder`` into a private target; returns that folder (None: no wheels)."""
+    wheels = sorted(folder.glob("*.whl")) if folder.is_dir() else []
+    if not wheels:
+        return None
+    here = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    abis = {w.name: re.search(r"-(cp3\d+)-(cp3\d+m?)-", w.name) for w in wheels}  # abi3 wheels fit any
+    foreign = [name for name, m in abis.items() if m and m.group(2) != here]
+    if foreign:
+        log(f"not installing {folder}: its wheels are for another Python than this {here} ({foreign[0]})")
+        return None
+    target = Path(tempfile.gettempdir()) / "lu-gpu-proof-site"
+    log(f"installing {len(wheels)} carried wheels into {target}")
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--upgrade",
+         "--target", str(target), *map(str, wheels)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise SystemExit(f"installing the wheels failed:\n{done.stdout}{done.stderr}")
+    return str(target)
+
+
+def _cell(text: str) -> str:
+    """One markdown table cell: one line, no pipes, bounded (the detail is in the logs)."""
+    flat = " ".join(text.split()).replace("|", "/")
+    return flat if len(flat) <= 300 else flat[:297] + "..."
+
+
+def summary(p: Proof, outcomes: dict[str, Outcome], parts: list[str], total: float) -> str:
+    lines = [
+        f"# GPU proof ({p.facts.get('date', '')[:10]}, {p.slug})",
+        "",
+        f"Command: `{'LU_DEVICE=cpu ' if p.device == 'cpu' else ''}make gpu-proof OUT=... "
+        f'PARTS="{" ".join(parts)}"`{" (quick)" if p.quick else ""}; {total:.0f} s in all.',
+        "",
+        "| part | status | seconds | note |",
+        "|---|---|---:|---|",
+        *[f"| {n} | {o.status} | {o.seconds:.0f} | {_cell(o.note)} |" for n, o in outcomes.items()],
+        "",
+        "## Environment",
+        "",
+        *[f"- {k}: {v}" for k, v in p.facts.items()],
+    ]
+    if p.checks:
+        lines += ["", "## Service checks", "", *[f"- {c}" for c in p.checks]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m bench.gpu_proof", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--out", required=True, help="folder for the (at most 8) result files")
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS), metavar="PART",
+                    help=f"parts to run, in the fixed order ({' '.join(PARTS)}); default: all")  # fmt: skip
+    ap.add_argument("--device", choices=("gpu", "cpu"), default=None,
+                    help="gpu (default) or cpu (the rehearsal); default from LU_DEVICE when it is cpu")  # fmt: skip
+    ap.add_argument("--quick", action="store_true", help="small grids (the default with --device cpu)")
+    ap.add_argument("--wheels", default=str(ROOT / ".whl"), help="folder of carried wheels to install first")
+    args = ap.parse_args(argv)
+    device = args.device or ("cpu" if os.environ.get("LU_DEVICE", "").lower() == "cpu" else "gpu")
+    quick = args.quick or device == "cpu"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[gpu-proof {time.perf_counter() - start:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    site = install_wheels(Path(args.wheels), log)
+    if site is not None:
+        sys.path.insert(0, site)
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    p = Proof(out, device, quick, log)
+    if site is not None:
+        p.env["PYTHONPATH"] = os.pathsep.join((site, p.env["PYTHONPATH"]))
+        p.facts["carried wheels"] = site
+    parts = [name for name in PARTS if name in args.parts]
+    outcomes: dict[str, Outcome] = {}
+    for name in parts:
+        log(f"part {name} ...")
+        t0 = time.perf_counter()
+        try:
+            outcome = RUNNERS[name](p)
+        except Exception as exc:  # a part that breaks must not stop the others
+            import traceback
+
+            p.append("proof.log", f"part {name} raised:\n{traceback.format_exc()}")
+            outcome = Outcome("failed", f"{type(exc).__name__}: {exc}"[:300])
+        outcome.seconds = time.perf_counter() - t0
+        outcomes[name] = outcome
+        log(f"part {name}: {outcome.status} ({outcome.seconds:.0f} s) {outcome.note}")
+        p.path("summary.md").write_text(summary(p, outcomes, parts, time.perf_counter() - start))
+    shutil.rmtree(p.scratch, ignore_errors=True)
+    text = summary(p, outcomes, parts, time.perf_counter() - start)
+    p.path("summary.md").write_text(text)
+    p.path("proof.json").write_text(
+        json.dumps({n: dataclasses.asdict(o) for n, o in outcomes.items()} | {"facts": p.facts}, indent=1) + "\n"
+    )
+    print(text)
+    failed = [n for n, o in outcomes.items() if o.status == "failed" or (o.status == "missing" and device == "gpu")]
+    if failed:
+        log(f"FAILED: {', '.join(failed)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The GPU proof's own plumbing (its CPU rehearsal, end to end, runs in .ci/run)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from bench import gpu_proof, gpu_wheels
+
+
+@pytest.mark.parametrize(
+    ("name", "slug"),
+    [
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("Tesla V100-PCIE-16GB", "v100"),
+        ("NVIDIA GeForce RTX 4090", "gpu"),
+        (None, "gpu"),
+    ],
+)
+def test_results_are_named_after_the_device(monkeypatch, name, slug):
+    monkeypatch.setattr(gpu_proof, "gpu_name", lambda: name)
+    assert gpu_proof.gpu_slug() == slug
+
+
+def test_never_more_than_eight_result_files(tmp_path):
+    proof = gpu_proof.Proof(tmp_path, "cpu", True, lambda _: None)
+    paths = [proof.path(f"f{i}.log") for i in range(gpu_proof.MAX_FILES)]
+    assert len(set(paths)) == 8 and all(p.name.startswith("gpu-proof-cpu-") for p in paths)
+    assert proof.path("f0.log") == paths[0]  # the same file again is no new file
+    with pytest.raises(RuntimeError, match="more than 8"):
+        proof.path("one-too-many.log")
+
+
+def test_rehearsal_limits_are_longer_than_the_device_budget(tmp_path):
+    cpu = gpu_proof.Proof(tmp_path, "cpu", True, lambda _: None)
+    gpu = gpu_proof.Proof(tmp_path, "gpu", False, lambda _: None)
+    assert cpu.limit("tests") == 4 * gpu.limit("tests")
+    # Three device commands of at most 10 minutes each.
+    groups = [("env", "tests", "calibrate"), ("core-bench",), ("service", "oom", "service-bench")]
+    assert sorted(p for g in groups for p in g) == sorted(gpu_proof.PARTS)
+    assert all(sum(gpu_proof.LIMITS[p] for p in g) < 600 for g in groups)
+
+
+def test_summary_cells_stay_on_one_line():
+    assert gpu_proof._cell("a\n| b  c") == "a / b c"
+    assert len(gpu_proof._cell("x" * 1000)) == 300
+
+
+def test_wheels_for_another_python_are_not_installed(tmp_path):
+    other = "cp399" if sys.version_info[:2] != (3, 99) else "cp398"
+    (tmp_path / f"orjson-3.13.0-{other}-{other}-manylinux_2_17_x86_64.whl").write_bytes(b"")
+    messages: list[str] = []
+    assert gpu_proof.install_wheels(tmp_path, messages.append) is None
+    assert "another Python" in messages[0]
+    assert gpu_proof.install_wheels(tmp_path / "absent", messages.append) is None
+
+
+def test_wheel_selection_keeps_only_what_the_device_lacks():
+    has = {gpu_wheels.normalize(n) for n in gpu_wheels.DEVICE_HAS}
+    assert {"numpy", "httpx", "prometheus-client", "uvloop", "cupy-cuda13x"} <= has
+    assert not {"fastapi", "uvicorn", "pydantic-settings", "orjson", "tritonclient"} & has
+    assert gpu_wheels.wheel_project(gpu_wheels.Path("pydantic_settings-2.16.3-py3-none-any.whl")) == "pydantic-settings"
+
+
+def test_a_cpu_rehearsal_of_the_quick_parts(tmp_path, monkeypatch):
+    monkeypatch.delenv("LU_DEVICE", raising=False)
+    rc = gpu_proof.main(
+        ["--out", str(tmp_path), "--device", "cpu", "--parts", "env", "calibrate", "oom", "--wheels", str(tmp_path)]
+    )
+    assert rc == 0
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["gpu-proof-cpu-proof.json", "gpu-proof-cpu-summary.md"]
+    outcomes = json.loads((tmp_path / "gpu-proof-cpu-proof.json").read_text())
+    assert outcomes["env"]["status"] == "ok"
+    assert outcomes["oom"]["status"] == "skipped" and "needs the device" in outcomes["oom"]["note"]
+    assert outcomes["calibrate"]["status"] in ("missing", "skipped", "ok")
+    summary = (tmp_path / "gpu-proof-cpu-summary.md").read_text()
+    assert "| oom | skipped |" in summary and "LU_DEVICE=cpu make gpu-proof" in summary
+
+
+def test_asking_for_the_gpu_without_one_fails_after_running_every_part(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_proof, "gpu_problem", lambda: "no device here")
+    rc = gpu_proof.main(["--out", str(tmp_path), "--device", "gpu", "--parts", "env", "oom", "--wheels", str(tmp_path)])
+    assert rc == 1
+    outcomes = json.loads((tmp_path / "gpu-proof-gpu-proof.json").read_text())
+    assert outcomes["env"]["status"] == "failed" and "no device here" in outcomes["env"]["note"]
+    assert outcomes["oom"]["status"] == "skipped"  # it still ran (and said why it could not)
+
+
+@pytest.mark.parametrize(
+    "argv", [["--parts", "env"], ["--out", "x", "--parts", "nope"], ["--out", "x", "--device", "tpu"]]
+)
+def test_bad_arguments_are_refused(argv):
+    with pytest.raises(SystemExit) as exc:
+        gpu_proof.main(argv)
+    assert exc.value.code == 2

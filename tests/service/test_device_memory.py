@@ -1,0 +1,286 @@
+"""Device memory: the pre-upload refusal, out-of-memory during compute, metrics, settings.
+
+The logic lives in ``service.device.Device`` (the GPU inherits it), so the CPU device
+of the tests exercises the same code path: it is given a memory limit, or its compute
+step fails with ``MemoryError`` as CuPy's allocator would. The tests marked ``gpu`` run
+the same scenarios against CuPy's pool on a device (``make gpu-proof``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from service.config import Settings
+from service.device import PinnedStaging
+from service.operations import OPERATIONS
+from tests.service.wire import binary_request
+
+ROOT = Path(__file__).resolve().parents[2]
+BODY = {"A": [[3.0, 1.0], [1.0, 2.0]], "B": [9.0, 8.0]}
+
+
+def _spy(device) -> list[str]:
+    """Record every job that reaches the device's compute step."""
+    calls: list[str] = []
+    real = device._execute
+
+    def execute(compute, tensors, options):
+        calls.append(compute.__name__)
+        return real(compute, tensors, options)
+
+    device._execute = execute
+    return calls
+
+
+# --------------------------------------------------------------------------- the estimate
+
+
+@pytest.mark.parametrize(
+    ("op", "tensors", "options", "input_bytes", "itemsize"),
+    [
+        ("lu_factor", {"A": np.zeros((2, 3, 3), np.float32)}, {"pivot": True}, 72, 4),
+        ("lu_factor", {"A": np.zeros((3, 3), np.int32)}, {"pivot": True}, 36, 8),  # integers compute in float64
+        ("lu", {"A": np.zeros((4, 3), np.complex128)}, {"pivot": True}, 12 * 16, 16),
+        # pivots do not set the dtype
+        (
+            "lu_solve",
+            {
+                "LU": np.zeros((5, 2, 2), np.float32),
+                "pivots": np.ones((5, 2), np.int64),
+                "B": np.zeros((2, 1), np.float32),
+            },
+            {"left": True, "adjoint": False, "check_errors": True},
+            80 + 80 + 8,
+            4,
+        ),
+        ("solve", {"A": np.zeros((0, 4, 4)), "B": np.zeros((0, 4, 1))}, {"left": True, "check_errors": True}, 0, 8),
+    ],
+)
+def test_device_bytes_counts_inputs_and_outputs_from_the_shapes(op, tensors, options, input_bytes, itemsize):
+    operation = OPERATIONS[op]
+    outputs = operation.output_elements(tensors, options)
+    assert operation.device_bytes(tensors, options) == input_bytes + outputs * itemsize
+
+
+def test_device_bytes_grow_with_the_answer_not_only_the_inputs():
+    lu = OPERATIONS["lu"]
+    tall = {"A": np.zeros((40, 1))}  # 320 bytes in; P alone is 40x40
+    assert lu.device_bytes(tall, {"pivot": True}) >= 320 + 40 * 40 * 8
+
+
+# --------------------------------------------------------------------------- refused before upload
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("form", ["json", "binary", "v2"])
+async def test_a_request_over_the_limit_is_refused_before_it_reaches_the_device(make_client, rng, form):
+    client = await make_client(retry_after_s=7)
+    device = client.app.state.worker.device
+    device.memory_limit = 4096
+    calls = _spy(device)
+    A = rng.standard_normal((4, 16, 16))  # 8 KiB of input alone
+    if form == "json":
+        r = await client.post("/lu_factor", json={"A": A.tolist()})
+    elif form == "binary":
+        body, headers = binary_request({"A": A})
+        r = await client.post("/lu_factor", content=body, headers=headers)
+    else:
+        inputs = [{"name": "A", "shape": list(A.shape), "datatype": "FP64", "data": A.ravel().tolist()}]
+        r = await client.post("/v2/models/lu_factor/infer", json={"inputs": inputs})
+    assert r.status_code == 503, r.text
+    assert r.json()["code"] == "device_out_of_memory" and r.headers["retry-after"] == "7"
+    assert "4096" in r.json()["error"] and r.json()["request_id"]
+    assert calls == []  # nothing was computed (on a GPU: nothing was uploaded)
+    small = await client.post("/solve", json=BODY)
+    assert small.status_code == 200 and small.json()["X"]["data"] == [2.0, 3.0]
+    assert calls == ["_solve"]
+    metrics = (await client.get("/metrics")).text
+    assert 'lu_rejected_total{reason="device_memory_limit"} 1.0' in metrics
+
+
+@pytest.mark.anyio
+async def test_an_output_that_would_not_fit_is_refused_too(make_client):
+    client = await make_client()
+    device = client.app.state.worker.device
+    device.memory_limit = 10_000
+    # 8 bytes of input, but P of a 40x1 matrix is 40x40 float64 = 12800 bytes
+    r = await client.post("/lu", json={"A": {"dtype": "float64", "shape": [40, 1], "data": [1.0] * 40}})
+    assert r.status_code == 503 and r.json()["code"] == "device_out_of_memory"
+
+
+# --------------------------------------------------------------------------- out of memory during compute
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("error", [MemoryError("cannot allocate 64 GiB"), MemoryError()])
+async def test_out_of_memory_during_compute_frees_the_pool_answers_503_and_the_next_works(make_client, error):
+    client = await make_client(retry_after_s=3)
+    device = client.app.state.worker.device
+    released: list[bool] = []
+    real = device._execute
+
+    def fails_once(compute, tensors, options):
+        device._execute = real
+        raise error
+
+    device._execute = fails_once
+    device.release_memory = lambda: released.append(True)
+    r = await client.post("/solve", json=BODY)
+    assert r.status_code == 503 and r.json()["code"] == "device_out_of_memory"
+    assert r.headers["retry-after"] == "3" and released == [True]
+    assert "64 GiB" not in r.json()["error"]  # internals stay in the log
+    r = await client.post("/solve", json=BODY)
+    assert r.status_code == 200 and r.json()["X"]["data"] == [2.0, 3.0]
+    metrics = (await client.get("/metrics")).text
+    assert 'lu_rejected_total{reason="device_out_of_memory"} 1.0' in metrics
+
+
+@pytest.mark.anyio
+async def test_other_errors_during_compute_are_not_taken_for_out_of_memory(make_client):
+    client = await make_client(raise_app_exceptions=False)
+    device = client.app.state.worker.device
+    released: list[bool] = []
+    device.release_memory = lambda: released.append(True)
+    r = await client.post("/solve", json={"A": [[0.0, 0.0], [0.0, 0.0]], "B": [1.0, 1.0]})
+    assert r.status_code == 422 and r.json()["code"] == "singular_matrix"
+    assert released == []
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+@pytest.mark.anyio
+async def test_metrics_report_device_memory_and_device_time_per_operation(make_client):
+    client = await make_client()
+    assert (await client.post("/solve", json=BODY)).status_code == 200
+    metrics = (await client.get("/metrics")).text
+    assert "lu_device_memory_in_use_bytes 0.0" in metrics
+    assert "lu_device_memory_limit_bytes +Inf" in metrics  # the CPU has no limit
+    assert "lu_pinned_memory_in_use_bytes 0.0" in metrics
+    assert 'lu_device_seconds_count{device="cpu",operation="solve",stage="compute"} 1.0' in metrics
+    client.app.state.worker.device.memory_limit = 1 << 20
+    assert "lu_device_memory_limit_bytes 1.048576e+06" in (await client.get("/metrics")).text
+
+
+@pytest.mark.anyio
+async def test_readyz_shows_the_memory_limit(make_client):
+    client = await make_client()
+    client.app.state.worker.device.memory_limit = 12345
+    body = (await client.get("/readyz")).json()
+    assert body["device"]["memory_limit_bytes"] == 12345
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize("value", [0, -1, "many", "1e400", 1.5, [1]])
+def test_gpu_memory_settings_refuse_nonsense(value):
+    with pytest.raises(ValidationError):
+        Settings(gpu_memory_bytes=value)
+
+
+@pytest.mark.parametrize("value", [-1, "x", None])
+def test_gpu_pinned_settings_refuse_nonsense(value):
+    with pytest.raises(ValidationError):
+        Settings(gpu_pinned_bytes=value)
+
+
+def test_gpu_memory_settings_defaults_and_environment(monkeypatch):
+    s = Settings()
+    assert s.gpu_memory_bytes is None and s.gpu_pinned_bytes == 1 << 30
+    monkeypatch.setenv("LU_GPU_MEMORY_BYTES", str(3 << 30))
+    monkeypatch.setenv("LU_GPU_PINNED_BYTES", "0")
+    s = Settings()
+    assert s.gpu_memory_bytes == 3 << 30 and s.gpu_pinned_bytes == 0
+    monkeypatch.setenv("LU_GPU_MEMORY_BYTES", "  ")  # as compose and the ConfigMap list it: the default
+    assert Settings().gpu_memory_bytes is None
+
+
+def test_a_bad_memory_setting_stops_the_service_at_start():
+    env = {**os.environ, "LU_DEVICE": "cpu", "LU_GPU_MEMORY_BYTES": "lots"}
+    done = subprocess.run(
+        [sys.executable, "-m", "service"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2 and "gpu_memory_bytes" in done.stderr
+
+
+# --------------------------------------------------------------------------- pinned staging
+
+
+class HostAllocator:
+    """CuPy's pinned allocator reduced to what PinnedStaging calls, over ordinary host memory."""
+
+    def __init__(self) -> None:
+        self.allocated: list[int] = []
+
+        class Cuda:
+            @staticmethod
+            def alloc_pinned_memory(size: int) -> bytearray:
+                self.allocated.append(size)
+                return bytearray(size)
+
+        self.cuda = Cuda
+
+
+def test_pinned_staging_reuses_buffers_and_respects_its_limit():
+    host = HostAllocator()
+    staging = PinnedStaging(host, limit=1 << 20)
+    assert staging.take(100) is None  # small copies stay pageable
+    a = staging.take(300_000)
+    assert a is not None and a[0] == 1 << 19 and len(a[1]) >= 300_000
+    staging.release([a])
+    b = staging.take(400_000)
+    assert b is a and host.allocated == [1 << 19]  # the same buffer again
+    c = staging.take(300_000)  # a second one while b is in use: 1 MiB held
+    assert c is not None and staging.held_bytes == 1 << 20
+    assert staging.take(300_000) is None  # over the limit: caller copies from pageable memory
+    staging.release([b, c])
+    d = staging.take(600_000)  # needs 1 MiB: the idle buffers are dropped to make room
+    assert d is not None and d[0] == 1 << 20 and staging.held_bytes == 1 << 20
+    staging.release([d])
+    staging.clear()
+    assert staging.held_bytes == 0
+
+
+def test_pinned_staging_without_a_limit_and_with_zero():
+    unlimited = PinnedStaging(HostAllocator(), limit=None)
+    assert unlimited.take(1 << 24) is not None
+    nothing = PinnedStaging(HostAllocator(), limit=0)
+    assert nothing.take(1 << 20) is None
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.anyio
+async def test_gpu_pool_limit_refusal_compute_oom_and_recovery(make_client, rng):
+    import cupy
+
+    client = await make_client(device="gpu", gpu_memory_bytes=256 << 20, warmup=True)
+    device = client.app.state.worker.device
+    assert device.kind == "gpu" and device.memory_limit == 256 << 20
+    A = rng.standard_normal((1, 6000, 6000))  # 288 MB: over the limit from its shape
+    body, headers = binary_request({"A": A})
+    r = await client.post("/lu_factor", content=body, headers=headers)
+    assert r.status_code == 503 and r.json()["code"] == "device_out_of_memory"
+    # Hold most of the pool (as a stored factorization would), then ask for more than is left.
+    hog = client.app.state.worker.call(lambda: cupy.empty(200 << 20, dtype=cupy.uint8))
+    A = rng.standard_normal((1, 3000, 3000))  # 72 MB in, 72 MB out: fits the limit, not what is left
+    body, headers = binary_request({"A": A})
+    r = await client.post("/lu_factor", content=body, headers=headers)
+    assert r.status_code == 503 and r.json()["code"] == "device_out_of_memory"
+    assert hog.size == 200 << 20  # the neighbour's memory survived
+    del hog
+    r = await client.post("/lu_factor", content=body, headers=headers)
+    assert r.status_code == 200
+    metrics = (await client.get("/metrics")).text
+    assert "lu_device_memory_limit_bytes 2.68435456e+08" in metrics
+    assert 'stage="upload"' in metrics and 'stage="download"' in metrics
