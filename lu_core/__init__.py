@@ -1,12 +1,14 @@
 """PyTorch-exact LU factorization, unpacking and solves, batched, on CPU and GPU.
 
 NumPy arrays are computed on the CPU, CuPy arrays on the GPU; results come
-back on the device they came from. See :mod:`lu_core._api` for conventions.
+back on the device they came from. See :mod:`lu_core._api` for conventions;
+:mod:`lu_core.vjp` and :mod:`lu_core.jvp` hold the derivatives of every operation.
 """
 
 from __future__ import annotations
 
-from lu_core import _threads  # noqa: F401 - first: OpenMP settings before any runtime starts
+from lu_core import _threads  # noqa: F401, I001 - first: OpenMP settings before any runtime starts
+from lu_core import jvp, vjp  # the derivative namespaces: lu_core.vjp.lu_solve(...), lu_core.jvp.lu(...)
 from lu_core._api import lu, lu_factor, lu_factor_ex, lu_solve, lu_unpack, pivots_to_permutation, solve
 from lu_core._errors import (
     DeviceMismatchError,
@@ -29,6 +31,7 @@ __all__ = [
     "ShapeError",
     "SingularMatrixError",
     "__version__",
+    "jvp",
     "lu",
     "lu_factor",
     "lu_factor_ex",
@@ -36,4 +39,5 @@ __all__ = [
     "lu_unpack",
     "pivots_to_permutation",
     "solve",
+    "vjp",
 ]
