@@ -7,7 +7,9 @@ back on the device they came from. See :mod:`lu_core._api` for conventions;
 
 from __future__ import annotations
 
-from lu_core import _threads  # noqa: F401, I001 - first: OpenMP settings before any runtime starts
+from lu_core import _threads  # noqa: F401 - first: OpenMP settings before any runtime starts
+
+# isort: split
 from lu_core import jvp, vjp  # the derivative namespaces: lu_core.vjp.lu_solve(...), lu_core.jvp.lu(...)
 from lu_core._api import lu, lu_factor, lu_factor_ex, lu_solve, lu_unpack, pivots_to_permutation, solve
 from lu_core._errors import (

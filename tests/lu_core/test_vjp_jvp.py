@@ -12,7 +12,7 @@ import pytest
 
 import lu_core
 from lu_core import jvp, vjp
-from tests.helpers import random_matrix, well_conditioned
+from tests.helpers import cpu_path, random_matrix, well_conditioned
 
 H = 1e-6
 FD_RTOL = 1e-6
@@ -449,3 +449,21 @@ def test_errors_name_the_argument(case):
         call()
     assert isinstance(info.value, ValueError)
     assert name in str(info.value)
+
+
+# ----------------------------------------------------------- both CPU paths
+
+
+@pytest.mark.parametrize("path", ["kernel", "lapack"])
+@pytest.mark.parametrize("shape", [(2, 45, 45), (50, 33), (33, 50)], ids=str)
+def test_both_cpu_solver_paths(rng, shape, path):
+    """The triangular solves go through the backend's lu_solve: Numba kernels or LAPACK."""
+    A = random_matrix(rng, shape, np.complex128)
+    LU, piv = lu_core.lu_factor(A)
+    g, tA = random_matrix(rng, shape, np.complex128), random_matrix(rng, shape, np.complex128)
+    with cpu_path(path):
+        gA = vjp.lu_factor(LU, piv, g)
+        dLU = jvp.lu_factor(tA, LU, piv)
+    (fd,) = central(lambda h: (lu_core.lu_factor(A + h * tA)[0],))
+    assert_rel(dLU, fd, 1e-5)
+    assert inner(gA, tA) == pytest.approx(inner(g, dLU), rel=1e-9)
