@@ -153,31 +153,9 @@ def lu(dA: Any, P: Any, L: Any, U: Any, *, pivot: bool = True) -> tuple[Any, Any
     """
     be = backend_for(dA, P, L, U)
     pivot = _args.flag(pivot, "pivot")
-    l_ = _args.matrix(be, L, "L")
-    u_ = _args.matrix(be, U, "U")
-    m, k = l_.shape[-2:]
-    n = u_.shape[-1]
-    if u_.shape[-2] != k or k != min(m, n):
-        raise ShapeError(
-            "L, U",
-            f"L of shape {tuple(l_.shape)} and U of shape {tuple(u_.shape)} are not the factors of an "
-            "m x n matrix (expected L: (*batch, m, min(m, n)), U: (*batch, min(m, n), n))",
-        )
-    if tuple(l_.shape[:-2]) != tuple(u_.shape[:-2]):
-        raise ShapeError("L, U", f"batch dimensions differ: {tuple(l_.shape[:-2])} and {tuple(u_.shape[:-2])}")
-    dt = common_dtype(l_.dtype, u_.dtype)
-    l_, u_ = be.astype(l_, dt), be.astype(u_, dt)
-    batch = tuple(l_.shape[:-2])
-    da = _args.companion(be, dA, "dA", (*batch, m, n), dt, "A = P @ L @ U")
-    PtdA = da
-    if P is not None:
-        p_ = _args.matrix(be, P, "P")
-        if tuple(p_.shape) != (*batch, m, m):
-            raise ShapeError("P", f"expected shape {(*batch, m, m)} to match L and U, got {tuple(p_.shape)}")
-        if pivot:
-            PtdA = mH(be.astype(p_, dt)) @ da
-    elif pivot:
-        raise ShapeError("P", "is required when pivot=True, got None")
+    p_, l_, u_ = _args.factors(be, P, L, U, pivot)
+    da = _args.companion(be, dA, "dA", (*l_.shape[:-1], u_.shape[-1]), l_.dtype, "A = P @ L @ U")
+    PtdA = da if p_ is None else mH(p_) @ da
     return _lu_jvp(be, PtdA, l_, u_)
 
 

@@ -203,32 +203,11 @@ def lu(P: Any, L: Any, U: Any, grad_L: Any | None, grad_U: Any | None, *, pivot:
     """
     be = backend_for(P, L, U, grad_L, grad_U)
     pivot = _args.flag(pivot, "pivot")
-    l_ = _args.matrix(be, L, "L")
-    u_ = _args.matrix(be, U, "U")
-    m, k = l_.shape[-2:]
-    n = u_.shape[-1]
-    if u_.shape[-2] != k or k != min(m, n):
-        raise ShapeError(
-            "L, U",
-            f"L of shape {tuple(l_.shape)} and U of shape {tuple(u_.shape)} are not the factors of an "
-            "m x n matrix (expected L: (*batch, m, min(m, n)), U: (*batch, min(m, n), n))",
-        )
-    if tuple(l_.shape[:-2]) != tuple(u_.shape[:-2]):
-        raise ShapeError("L, U", f"batch dimensions differ: {tuple(l_.shape[:-2])} and {tuple(u_.shape[:-2])}")
-    dt = common_dtype(l_.dtype, u_.dtype)
-    l_, u_ = be.astype(l_, dt), be.astype(u_, dt)
-    batch = tuple(l_.shape[:-2])
-    p_ = None
-    if P is not None:
-        p_ = _args.matrix(be, P, "P")
-        if tuple(p_.shape) != (*batch, m, m):
-            raise ShapeError("P", f"expected shape {(*batch, m, m)} to match L and U, got {tuple(p_.shape)}")
-        p_ = be.astype(p_, dt)
-    elif pivot:
-        raise ShapeError("P", "is required when pivot=True, got None")
+    p_, l_, u_ = _args.factors(be, P, L, U, pivot)
+    dt = l_.dtype
     gL = None if grad_L is None else _args.companion(be, grad_L, "grad_L", tuple(l_.shape), dt, "L")
     gU = None if grad_U is None else _args.companion(be, grad_U, "grad_U", tuple(u_.shape), dt, "U")
-    return _lu_backward(be, gL, gU, (lambda G: p_ @ G) if pivot else (lambda G: G), l_, u_)
+    return _lu_backward(be, gL, gU, (lambda G: G) if p_ is None else (lambda G: p_ @ G), l_, u_)
 
 
 @non_finite_propagates

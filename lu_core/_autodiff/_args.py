@@ -16,7 +16,14 @@ import numpy as np
 from lu_core._backend import Backend
 from lu_core._batching import unravel
 from lu_core._errors import DTypeError, InvalidInputError, ShapeError, SingularMatrixError
-from lu_core._validate import check_pivot_dtype, check_pivots_shape, compute_dtype, require_matrix, require_square
+from lu_core._validate import (
+    check_pivot_dtype,
+    check_pivots_shape,
+    common_dtype,
+    compute_dtype,
+    require_matrix,
+    require_square,
+)
 
 
 def matrix(be: Backend, x: Any, argument: str, *, square: bool = False) -> Any:
@@ -110,3 +117,29 @@ def raise_if_singular(be: Backend, info: Any, function: str) -> None:
     idx, values = be.nonzero_info(info)
     if len(idx):
         raise SingularMatrixError(function, unravel(idx, tuple(info.shape)), values.tolist())
+
+
+def factors(be: Backend, P: Any, L: Any, U: Any, pivot: bool) -> tuple[Any | None, Any, Any]:
+    """``P``, ``L``, ``U`` of an m x n matrix, checked against each other and converted to
+    their promoted dtype; ``P`` comes back None without pivoting (it is then ignored)."""
+    l_ = matrix(be, L, "L")
+    u_ = matrix(be, U, "U")
+    m, k = l_.shape[-2:]
+    n = u_.shape[-1]
+    if u_.shape[-2] != k or k != min(m, n):
+        raise ShapeError(
+            "L, U",
+            f"L of shape {tuple(l_.shape)} and U of shape {tuple(u_.shape)} are not the factors of an "
+            "m x n matrix (expected L: (*batch, m, min(m, n)), U: (*batch, min(m, n), n))",
+        )
+    batch = tuple(l_.shape[:-2])
+    if batch != tuple(u_.shape[:-2]):
+        raise ShapeError("L, U", f"batch dimensions differ: {batch} and {tuple(u_.shape[:-2])}")
+    dt = common_dtype(l_.dtype, u_.dtype)
+    l_, u_ = be.astype(l_, dt), be.astype(u_, dt)
+    if P is None:
+        if pivot:
+            raise ShapeError("P", "is required when pivot=True, got None")
+        return None, l_, u_
+    p_ = companion(be, matrix(be, P, "P"), "P", (*batch, m, m), dt, "L and U")
+    return (p_ if pivot else None), l_, u_

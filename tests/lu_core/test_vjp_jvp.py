@@ -388,6 +388,8 @@ def _cases():
         (lambda: vjp.lu(P, L, U, np.zeros((3, 2)), None), E, "grad_L"),
         (lambda: vjp.lu(P, L, U, None, c), D, "grad_U"),
         (lambda: vjp.lu(P, L, None, None, None), E, "U"),
+        (lambda: vjp.lu(P.astype(complex), L, U, None, None), D, "P"),
+        (lambda: vjp.lu(P, L, U, None, None, pivot=np.array([True, False])), lu_core.InvalidInputError, "pivot"),
         # vjp.lu_unpack
         (lambda: vjp.lu_unpack(None, None, 3, 3), E, "grad_L, grad_U"),
         (lambda: vjp.lu_unpack(z, z, -1, 3), E, "m"),
