@@ -3,11 +3,12 @@
 Times the reverse-mode derivatives of ``lu_factor`` and ``lu_solve`` (the gradient
 alone: PyTorch's graph is built once and replayed with ``retain_graph=True``) on
 a few batch shapes, float64, interleaved (``bench._timing``). Prints a markdown
-table; needs PyTorch (no dependency of the project).
+table; needs PyTorch (no dependency of the project). ``--quick``: one small case.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import numpy as np
@@ -18,7 +19,11 @@ from bench._timing import interleaved, machine
 CASES = [(1000, 8), (200, 32), (8, 128), (1, 512)]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.autodiff_cpu", description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="one small case, short timings (a smoke test)")
+    args = ap.parse_args(argv)
+    cases, budget = (CASES[:1], 0.2) if args.quick else (CASES, 2.0)
     try:
         import torch
     except ImportError:
@@ -27,7 +32,7 @@ def main() -> int:
     rng = np.random.default_rng(0)
     print(" | ".join(f"{k}={v}" for k, v in machine().items()))
     print("\n| op | batch x n | lu_core.vjp (ms) | torch backward (ms) | ratio |\n|---|---|---|---|---|")
-    for batch, n in CASES:
+    for batch, n in cases:
         A = rng.standard_normal((batch, n, n)) + np.sqrt(n) * np.eye(n)
         B = rng.standard_normal((batch, n, 2))
         A_t = torch.from_numpy(A).requires_grad_()
@@ -54,7 +59,7 @@ def main() -> int:
             },
         }
         for op, contenders in cases.items():
-            t = interleaved(contenders, budget_s=2.0)
+            t = interleaved(contenders, budget_s=budget, max_rounds=3 if args.quick else 12)
             ours, theirs = t["ours"].median * 1e3, t["torch"].median * 1e3
             print(f"| {op} | {batch} x {n} | {ours:.3f} | {theirs:.3f} | {ours / theirs:.2f} |")
     return 0
