@@ -1,12 +1,16 @@
 """PyTorch-exact LU factorization, unpacking and solves, batched, on CPU and GPU.
 
 NumPy arrays are computed on the CPU, CuPy arrays on the GPU; results come
-back on the device they came from. See :mod:`lu_core._api` for conventions.
+back on the device they came from. See :mod:`lu_core._api` for conventions;
+:mod:`lu_core.vjp` and :mod:`lu_core.jvp` hold the derivatives of every operation.
 """
 
 from __future__ import annotations
 
 from lu_core import _threads  # noqa: F401 - first: OpenMP settings before any runtime starts
+
+# isort: split
+from lu_core import jvp, vjp  # the derivative namespaces: lu_core.vjp.lu_solve(...), lu_core.jvp.lu(...)
 from lu_core._api import lu, lu_factor, lu_factor_ex, lu_solve, lu_unpack, pivots_to_permutation, solve
 from lu_core._det import SlogdetResult, det, slogdet
 from lu_core._errors import (
@@ -37,6 +41,7 @@ __all__ = [
     "SlogdetResult",
     "__version__",
     "det",
+    "jvp",
     "lu",
     "lu_factor",
     "lu_factor_ex",
@@ -47,4 +52,5 @@ __all__ = [
     "slogdet",
     "solve",
     "solve_refined",
+    "vjp",
 ]

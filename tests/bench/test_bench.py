@@ -39,3 +39,11 @@ def test_quick_batching_and_hostile_suites_write_reports(tmp_path):
     assert "| 8 | 8 | on |" in batching and "| 8 | 8 | off |" in batching
     hostile = next(tmp_path.glob("*-hostile-cpu-quick.md")).read_text()
     assert "peak RSS MiB" in hostile and "| 20 | 50 |" in hostile
+
+
+def test_autodiff_bench_quick_runs(capsys):
+    from bench import autodiff_cpu
+
+    assert autodiff_cpu.main(["--quick"]) == 0
+    out = capsys.readouterr()
+    assert "| lu_solve | 1000 x 8 |" in out.out or "PyTorch is not installed" in out.err
