@@ -33,10 +33,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["BatchJob", "gather", "merge_key", "run_merged"]
+__all__ = ["MERGEABLE", "BatchJob", "gather", "merge_key", "run_merged"]
 
 # Core (per-matrix) rank of each input: the dimensions after the batch dimensions.
 _CORE_RANK = {"A": 2, "LU": 2, "pivots": 1}
+# Operations whose every matrix is computed independently of the others in the batch, so that a merged
+# call answers bit for bit what each request alone would. solve_refined and lu_rcond iterate until every
+# matrix of the call has converged, so a matrix's result can depend on its neighbours: they run alone.
+MERGEABLE = frozenset({"lu_factor", "lu_unpack", "lu_solve", "lu", "solve", "det", "slogdet"})
 _PRIMARY = ("A", "LU")
 
 
@@ -69,6 +73,8 @@ def _batch_shape(op: str, tensors: Mapping[str, np.ndarray]) -> tuple[int, ...] 
 
 def merge_key(job: BatchJob) -> Hashable | None:
     """Jobs with equal keys can share one call; ``None`` for a job that must run alone."""
+    if job.name not in MERGEABLE:
+        return None
     batch = _batch_shape(job.name, job.tensors)
     if batch is None:
         return None

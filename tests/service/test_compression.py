@@ -156,6 +156,16 @@ async def test_inflated_bytes_count_against_the_in_flight_budget(make_client):
     body, headers = binary_request({"A": A})
     assert len(gzip.compress(body)) < 100_000
     r = await client.post("/lu_factor", content=gzip.compress(body), headers={**headers, "content-encoding": "gzip"})
+    assert r.status_code == 413 and r.json()["code"] == "request_too_large", r.text  # more than the whole budget
+    assert "inflated body" in r.json()["error"]
+    body, headers = binary_request({"A": np.eye(300)})  # 0.7 MB, reserved 3x: fits the budget, not what is left
+    held = client.app.state.budget.reserve(6 * MiB)
+    try:
+        r = await client.post(
+            "/lu_factor", content=gzip.compress(body), headers={**headers, "content-encoding": "gzip"}
+        )
+    finally:
+        held.release()
     assert r.status_code == 503 and r.json()["code"] == "overloaded", r.text
     assert "inflated body" in r.json()["error"] and r.headers["retry-after"]
     assert client.app.state.budget.in_use == 0

@@ -257,8 +257,16 @@ async def test_grpc_messages_are_reserved_against_the_in_flight_budget(make_grpc
     http, client, stub = await make_grpc(max_inflight_bytes=4 * 1024 * 1024)
     result = await client.infer("lu_factor", infer_inputs({"A": np.eye(64)}))
     np.testing.assert_array_equal(result.as_numpy("LU"), np.eye(64))
-    with pytest.raises(grpc.aio.AioRpcError) as info:  # 2 MB in, reserved 3x: past 4 MiB
+    with pytest.raises(grpc.aio.AioRpcError) as info:  # 2 MB in, reserved 3x: more than all of 4 MiB
         await stub.ModelInfer(_request(A=("FP64", [500, 500], bytes(2_000_000))))
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert ("lu-error-code", "request_too_large") in tuple(info.value.trailing_metadata())
+    held = http.app.state.budget.reserve(3 * 1024 * 1024)  # others hold most of it: this one must wait its turn
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as info:  # 0.5 MB in, reserved 3x: fits the budget, not what is left
+            await stub.ModelInfer(_request(A=("FP64", [250, 250], bytes(500_000))))
+    finally:
+        held.release()
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert ("lu-error-code", "overloaded") in tuple(info.value.trailing_metadata())
     assert ("retry-after", "1") in tuple(info.value.trailing_metadata())
