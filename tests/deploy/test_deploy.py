@@ -136,10 +136,15 @@ def test_kserve_runtime_speaks_v2_and_grpc_v2_on_its_ports():
     runtime = yaml.safe_load((ROOT / "deploy" / "kserve" / "servingruntime.yaml").read_text())
     assert runtime["kind"] == "ServingRuntime" and set(runtime["spec"]["protocolVersions"]) == {"v2", "grpc-v2"}
     (container,) = runtime["spec"]["containers"]
-    env = {e["name"]: e["value"] for e in container["env"]}
-    assert set(env) <= _settings_fields()
-    (h2c,) = container["ports"]
-    assert h2c["name"] == "h2c" and str(h2c["containerPort"]) == env["LU_GRPC_PORT"]
+    assert {e["name"] for e in container["env"]} <= _settings_fields()
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}  # not the valueFrom (secret) ones
+    secret = _manifests()["Secret"]
+    for e in container["env"]:
+        if "value" not in e:  # a secret, from the same Secret as the Deployment's, under its own name
+            ref = e["valueFrom"]["secretKeyRef"]
+            assert ref["name"] == secret["metadata"]["name"] and ref["key"] == e["name"] in secret["stringData"]
+    ports = {p["name"]: str(p["containerPort"]) for p in container["ports"]}
+    assert ports == {"http1": env["LU_PORT"], "h2c": env["LU_GRPC_PORT"]}  # REST (v2) and gRPC (grpc-v2)
     assert "EXPOSE 8000 8001" in (ROOT / "Dockerfile").read_text()
 
 

@@ -128,10 +128,13 @@ def test_kserve_manifests_fit_the_service():
     env = {e["name"]: e.get("value") for e in container["env"]}
     env.update({e["name"]: e.get("value") for e in isvc["spec"]["predictor"]["model"]["env"]})
     assert {n.removeprefix("LU_").lower() for n in env} <= set(Settings.model_fields)
-    (port,) = container["ports"]
-    assert port["containerPort"] == int(env["LU_PORT"]) and env["LU_HOST"] == "0.0.0.0"
-    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": port["containerPort"]}
-    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": port["containerPort"]}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert len(ports) == len(container["ports"])  # no name twice
+    # REST (v2) on KServe's (Knative's) http1 port, which is the service's LU_PORT
+    assert ports["http1"] == int(env["LU_PORT"]) and env["LU_HOST"] == "0.0.0.0"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/v2/health/ready", "port": ports["http1"]}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/v2/health/live", "port": ports["http1"]}
+    assert runtime["metadata"]["annotations"]["prometheus.kserve.io/port"] == str(ports["http1"])
     assert container["command"] == ["python", "-m", "service"]
     for spec in (container, isvc["spec"]["predictor"]["model"]):
         assert spec["resources"]["limits"]["nvidia.com/gpu"] == "1"
@@ -139,11 +142,14 @@ def test_kserve_manifests_fit_the_service():
     assert model["runtime"] == runtime["metadata"]["name"]
     assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
     assert model["protocolVersion"] in runtime["spec"]["protocolVersions"]
-    # grpc-v2 only where the service has a gRPC port to offer, and then on the container.
+    # grpc-v2 only where the service has a gRPC port to offer, and then on the container's h2c port
+    # (KServe's name for it), which is the service's LU_GRPC_PORT; no other ports.
     if "grpc-v2" in runtime["spec"]["protocolVersions"]:
         assert "grpc_port" in Settings.model_fields
-        assert any(p.get("name") == "h2c" for p in container["ports"])
+        assert set(ports) == {"http1", "h2c"} and ports["h2c"] != ports["http1"]
+        assert ports["h2c"] == int(env["LU_GRPC_PORT"])
     else:
+        assert set(ports) == {"http1"}
         assert "grpc_port" not in Settings.model_fields or "LU_GRPC_PORT" not in env
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import uvicorn
 
 from service.app import create_app
@@ -58,6 +59,10 @@ def upstream(http: list, name: str) -> list:
     return find(http, "upstream", name)[0][-1]
 
 
+def _location(server: list, path: str = "/") -> list:
+    return next((d[-1] for d in server if d[0] == "location" and d[1:-1] == [path]), [])
+
+
 def test_names_hash_consistently_and_the_rest_is_least_connections():
     http = find(parse(CONF.read_text()), "http")[0][-1]
     by_name, rest = upstream(http, "lu_by_name"), upstream(http, "lu_replicas")
@@ -69,6 +74,14 @@ def test_names_hash_consistently_and_the_rest_is_least_connections():
     locations = {tuple(d[1:-1]): d[-1] for d in server if d[0] == "location"}
     assert ["proxy_pass", "http://lu_by_name"] in locations[("/factorizations/",)]
     assert ["proxy_pass", "http://lu_replicas"] in locations[("/",)]
+    # gRPC: the same replicas on their gRPC port, through a server that speaks HTTP/2
+    grpc = upstream(http, "lu_grpc_replicas")
+    assert ["least_conn"] in grpc
+    assert [d for d in grpc if d[0] == "server"] == [[d[0], d[1].replace(":8000", ":8001"), *d[2:]] for d in servers]
+    (grpc_server,) = [
+        s[-1] for s in find(http, "server") if ["grpc_pass", "grpc://lu_grpc_replicas"] in _location(s[-1])
+    ]
+    assert ["http2", "on"] in grpc_server or any(d[0] == "listen" and "http2" in d for d in grpc_server)
     # the map that extracts the name, run with Python's regex engine (same syntax for this pattern)
     mapping = find(http, "map", "$uri", "$lu_factorization")[0][-1]
     (pattern, value), default = next(d for d in mapping if d[0] != "default"), find(mapping, "default")[0]
@@ -96,10 +109,10 @@ def _free_port() -> int:
 
 @pytest.fixture
 def replicas() -> Iterator[list]:
-    """Two real service apps on loopback, as the two replicas."""
+    """Two real service apps on loopback, as the two replicas (HTTP, and gRPC on ``app.state.grpc.port``)."""
     servers, threads, apps = [], [], []
     for _ in range(2):
-        app = create_app(make_settings())
+        app = create_app(make_settings(grpc_port=_free_port()))
         port = _free_port()
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
         thread = threading.Thread(target=server.run, daemon=True)
@@ -126,11 +139,20 @@ def test_nginx_routes_each_name_to_one_replica(replicas, tmp_path):
     nginx = shutil.which("nginx") or ("/usr/sbin/nginx" if os.path.exists("/usr/sbin/nginx") else None)
     if nginx is None:
         pytest.skip("nginx is not installed (Debian: apt-get install nginx)")
-    port = _free_port()
-    text = CONF.read_text().replace("listen 8080;", f"listen 127.0.0.1:{port};")
-    text = text.replace("lu-gpu0:8000", f"127.0.0.1:{replicas[0][1]}").replace(
-        "lu-gpu1:8000", f"127.0.0.1:{replicas[1][1]}"
+    port, grpc_port = _free_port(), _free_port()
+    version = re.search(
+        r"nginx/(\d+)\.(\d+)\.(\d+)", subprocess.run([nginx, "-v"], capture_output=True, text=True).stderr
     )
+    old = version is not None and tuple(map(int, version.groups())) < (1, 25, 1)  # no "http2 on;" before 1.25.1
+    text = CONF.read_text().replace("listen 8080;", f"listen 127.0.0.1:{port};")
+    text = text.replace("listen 8081;", f"listen 127.0.0.1:{grpc_port}{' http2' if old else ''};")
+    if old:
+        text = re.sub(r"^\s*http2 on;[^\n]*\n", "", text, flags=re.M)
+    # every upstream server: lu-gpuN:8000 is replica N's HTTP port, lu-gpuN:8001 its gRPC port
+    ports = {"8000": [p for _, p in replicas], "8001": [app.state.grpc.port for app, _ in replicas]}
+    text = re.sub(r"lu-gpu(\d+):(\d+)", lambda m: f"127.0.0.1:{ports[m[2]][int(m[1])]}", text)
+    listens = [f"127.0.0.1:{port}", f"127.0.0.1:{grpc_port}" + (" http2" if old else "")]
+    assert "lu-gpu" not in text and re.findall(r"^\s*listen ([^;]+);", text, re.M) == listens
     temp = "".join(f"    {d}_temp_path {tmp_path}/{d};\n" for d in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
     text = text.replace("http {\n", f"http {{\n    access_log off;\n{temp}", 1).replace(
         "worker_processes auto;", "worker_processes 1;"
@@ -171,6 +193,21 @@ def test_nginx_routes_each_name_to_one_replica(replicas, tmp_path):
         served = [
             sum(s.value for m in app.state.metrics.requests.collect() for s in m.samples
                 if s.labels.get("endpoint") == "/solve" and s.name.endswith("_total"))
+            for app, _ in replicas
+        ]  # fmt: skip
+        assert served[0] > 0 and served[1] > 0 and sum(served) == 10
+        # gRPC (grpc_pass over HTTP/2): least connections over the replicas' gRPC ports
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+            assert client.is_server_live()
+            for i in range(10):
+                inputs = [grpcclient.InferInput("A", [1, 1], "FP64"), grpcclient.InferInput("B", [1, 1], "FP64")]
+                inputs[0].set_data_from_numpy(np.array([[2.0]]))
+                inputs[1].set_data_from_numpy(np.array([[2.0 * i]]))
+                assert client.infer("solve", inputs).as_numpy("X").tolist() == [[float(i)]]
+        served = [
+            sum(s.value for m in app.state.metrics.requests.collect() for s in m.samples
+                if s.labels.get("method") == "gRPC" and s.labels.get("endpoint", "").endswith("/ModelInfer")
+                and s.name.endswith("_total"))
             for app, _ in replicas
         ]  # fmt: skip
         assert served[0] > 0 and served[1] > 0 and sum(served) == 10
