@@ -189,7 +189,7 @@ class CpuBackend:
             np.conjugate(w3, out=w3)
         if w3.size:
             if kernel:
-                _kernels.getrs(nprob * nrhs * n * n, s, piv0, lu_index, w3, trans)
+                _kernels.getrs(2 * nprob * nrhs * n * n, s, piv0, lu_index, w3, trans)
             else:
                 _lapack.getrs(s, piv0, lu_index, w3, trans)
         if conj_io:
