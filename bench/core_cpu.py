@@ -71,6 +71,11 @@ def _jax_peers():
     except ImportError:
         return None
     jax.config.update("jax_enable_x64", True)
+    # XLA compiles each shape and dtype anew (seconds each on a busy 2-core VM); an on-disk cache
+    # lets a second run of the grid, or another process, reuse the compiled code.
+    jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "lu_core-bench-jax"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     import jax.numpy as jnp
     import jax.scipy.linalg as jsl
 
