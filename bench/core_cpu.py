@@ -209,7 +209,11 @@ def render(runs: list[list[dict]], facts: dict[str, str], command: str) -> str:
 
 
 def run(
-    quick: bool, out: pathlib.Path | None, progress: Callable[[str], None], runs: int | None = None
+    quick: bool,
+    out: pathlib.Path | None,
+    progress: Callable[[str], None],
+    runs: int | None = None,
+    dtypes: tuple[str, ...] = DTYPES,
 ) -> pathlib.Path | None:
     try:
         import torch
@@ -220,7 +224,7 @@ def run(
     if jx is None:
         progress("JAX not installed (pip install -e '.[bench]'): comparing without it")
     nruns = runs if runs is not None else (1 if quick else 2)
-    todo = [(b, n, d) for d in DTYPES for (b, n) in cases(quick)]
+    todo = [(b, n, d) for d in dtypes for (b, n) in cases(quick)]
     results: list[list[dict]] = []
     for r in range(nruns):
         rows: list[dict] = []
@@ -229,6 +233,8 @@ def run(
             rows += run_case(b, n, d, torch, jx, budget_s=0.3 if quick else 0.6)
         results.append(rows)
     command = "python -m bench --suite core-cpu" + (" --quick" if quick else "")
+    if tuple(dtypes) != DTYPES:
+        command += " --dtypes " + " ".join(dtypes)
     return _report(results, machine(), command, quick, out, progress)
 
 
@@ -272,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="bench/results", help="folder for the report and plots ('' for none)")
     ap.add_argument("--runs", type=int, default=None, help="times the whole grid runs (default 2; 1 with --quick)")
     ap.add_argument("--combine", nargs="+", type=pathlib.Path, help="write one report from these reports' .json data")
+    ap.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES), help="dtypes of the grid")
     args = ap.parse_args(argv)
     if args.combine:
         combine(args.combine, pathlib.Path(args.out) if args.out else None, lambda m: print(m, file=sys.stderr))
@@ -281,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         pathlib.Path(args.out) if args.out else None,
         lambda m: print(f"[core-cpu] {m}", file=sys.stderr),
         args.runs,
+        tuple(args.dtypes),
     )
     return 0
 
