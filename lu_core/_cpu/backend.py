@@ -29,6 +29,10 @@ from lu_core._cpu import _kernels, _lapack, _tuning
 from lu_core._errors import DTypeError, PivotError
 from lu_core._layout import plan_split
 
+# The lock that serializes parallel Numba regions lives with the kernels; named here too for
+# the modules that import it from the backend (the refinement kernels).
+_kernel_lock = _kernels._kernel_lock
+
 _EMPTY_PIV = np.empty((0, 0), np.int32)
 _NONE = np.empty(0, np.intp)
 
