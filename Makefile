@@ -40,7 +40,7 @@ test: $(BIN)/python
 # plots in bench/results/. Pick suites with e.g. `make bench SUITES="core-cpu service"`.
 SUITES ?= core-cpu core-gpu service
 bench: $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e ".[dev]" -e ./clients
+	$(BIN)/python -m pip install --quiet -e ".[bench]" -e ./clients
 	$(BIN)/python -m bench --suite $(SUITES)
 
 calibrate: $(BIN)/python

@@ -3,9 +3,65 @@
 from __future__ import annotations
 
 import pathlib
+import statistics
 from collections.abc import Sequence
 
-OPS = ("lu_factor", "lu_unpack", "lu_solve", "solve")
+OPS = ("lu_factor", "lu_unpack", "lu_solve", "lu_solve_64", "solve")
+#: Peers that count for "best peer"; NumPy is a stand-in only where SciPy has no such function.
+BEST_OF = ("torch", "jax", "scipy", "numpy")
+
+
+def _key(r: dict) -> tuple:
+    return r["op"], r["dtype"], r["batch"], r["n"]
+
+
+def best_peer(r: dict) -> tuple[str, float] | None:
+    """The fastest peer of a row and lu_core's time over its time."""
+    times = [(r[p], p) for p in BEST_OF if r.get(p)]
+    if not times:
+        return None
+    t, p = min(times)
+    return p, r["ours"] / t
+
+
+def summary(runs: Sequence[Sequence[dict]]) -> str:
+    """Per run: median and worst ratio against the best peer, and how many cells are at or under 1.0 and 1.2."""
+    lines = [
+        "| run | cells | median ours/best | worst ours/best (cell) | cells ≤ 1.0 | cells ≤ 1.2 |",
+        "|---|---:|---:|---|---:|---:|",
+    ]
+    for i, rows in enumerate(runs, 1):
+        scored = [(bp[1], r) for r in rows if (bp := best_peer(r))]
+        if not scored:
+            continue
+        ratios = [x for x, _ in scored]
+        worst, wr = max(scored, key=lambda t: t[0])
+        where = f"{worst:.2f}× ({wr['op']} {wr['dtype']} {wr['batch']}×{wr['n']})"
+        lines.append(
+            f"| {i} | {len(ratios)} | {statistics.median(ratios):.2f}× | {where} | "
+            f"{sum(x <= 1.0 for x in ratios)} | {sum(x <= 1.2 for x in ratios)} |"
+        )
+    return "\n".join(lines)
+
+
+def best_peer_table(runs: Sequence[Sequence[dict]], peers: Sequence[str]) -> str:
+    """One line per cell: lu_core's time (run 1), the best peer and ours/best in every run,
+    then run 1's per-peer ratios."""
+    later = [{_key(r): r for r in rows} for rows in runs[1:]]
+    head = ["op", "dtype", "batch", "n", "lu_core", "spread", "best peer"]
+    head += [f"ours/best run {i}" for i in range(1, len(runs) + 1)] + [f"vs {p}" for p in peers]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 4 + "---:|" * 2 + "---|" + "---:|" * (len(head) - 7)]
+    for r in runs[0]:
+        bp = best_peer(r)
+        cells = [r["op"], r["dtype"], str(r["batch"]), str(r["n"]), _ms(r["ours"]), f"±{r['spread'] * 50:.0f}%"]
+        cells.append(bp[0] if bp else "–")
+        cells.append(f"**{bp[1]:.2f}×**" if bp else "–")
+        for other in later:
+            ob = best_peer(other[_key(r)]) if _key(r) in other else None
+            cells.append(f"{ob[1]:.2f}× ({ob[0]})" if ob else "–")
+        cells += [f"{r['ours'] / r[p]:.2f}×" if r.get(p) else "–" for p in peers]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def ratio_table(rows: Sequence[dict], peers: Sequence[str]) -> str:
@@ -44,11 +100,13 @@ def plots(rows: Sequence[dict], peers: Sequence[str], stem: pathlib.Path, title:
     dtype = "float64" if "float64" in dtypes else dtypes[0]
     batches = sorted({r["batch"] for r in rows})
     colors = {b: plt.cm.viridis(i / max(1, len(batches) - 1)) for i, b in enumerate(batches)}
-    styles = {"lu_core": "-", **{p: s for p, s in zip(peers, ("--", ":", "-."), strict=False)}}
+    styles = {"lu_core": "-", **{p: s for p, s in zip(peers, ("--", ":", "-.", (0, (1, 4))), strict=False)}}
     paths = []
 
-    fig, axes = plt.subplots(1, len(OPS), figsize=(4.2 * len(OPS), 4), sharey=False)
-    for ax, op in zip(axes, OPS, strict=True):
+    ops = [op for op in OPS if any(r["op"] == op for r in rows)]
+    fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 4), sharey=False, squeeze=False)
+    axes = axes[0]
+    for ax, op in zip(axes, ops, strict=True):
         for b in batches:
             sel = sorted(
                 (r for r in rows if r["op"] == op and r["batch"] == b and r["dtype"] == dtype), key=lambda r: r["n"]
@@ -59,7 +117,7 @@ def plots(rows: Sequence[dict], peers: Sequence[str], stem: pathlib.Path, title:
             ax.plot(
                 ns,
                 [r["ours"] * 1e3 for r in sel],
-                styles["lu_core"],
+                linestyle=styles["lu_core"],
                 color=colors[b],
                 marker="o",
                 label=f"lu_core, batch {b}",
@@ -67,7 +125,13 @@ def plots(rows: Sequence[dict], peers: Sequence[str], stem: pathlib.Path, title:
             for p in peers:
                 pts = [(r["n"], r[p] * 1e3) for r in sel if r.get(p)]
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), styles[p], color=colors[b], alpha=0.7, label=f"{p}, batch {b}")
+                    ax.plot(
+                        *zip(*pts, strict=True),
+                        linestyle=styles[p],
+                        color=colors[b],
+                        alpha=0.7,
+                        label=f"{p}, batch {b}",
+                    )
         ax.set(xscale="log", yscale="log", xlabel="n", title=op)
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("median time (ms)")

@@ -23,6 +23,7 @@ def interleaved(
     max_rounds: int = 12,
     block: int = 3,
     pause: float = 0.01,
+    slow_factor: float = float("inf"),
 ) -> dict[str, Timing]:
     """Time the contenders in alternating blocks of ``block`` back-to-back calls,
     the order rotated every round, so that noise on a shared machine hits all
@@ -31,12 +32,26 @@ def interleaved(
     Blocks rather than single calls: each library then runs in its own steady
     state (allocator caches, thread pools), not in the state the previous
     library left behind. A pause before each block lets OpenMP/OpenBLAS worker
-    threads, which spin for a while after a call, go idle.
+    threads, which spin for a while after a call, go idle. A contender whose warm
+    call takes over ``slow_factor`` times the fastest one's (and over 10 ms) is
+    not timed further: that call is its only sample.
     """
-    for fn in contenders.values():  # warm-up: JIT, caches, thread pools
-        fn()
     samples: dict[str, list[float]] = {name: [] for name in contenders}
-    names = list(contenders)
+    first: dict[str, float] = {}
+    for name, fn in contenders.items():  # warm-up: JIT, caches, thread pools; the second call is timed
+        fn()
+        t = time.perf_counter()
+        fn()
+        first[name] = time.perf_counter() - t
+    # A contender far slower than the fastest cannot change which is fastest, nor a ratio to
+    # it much: its warm call is its one sample, which keeps slow peers from eating the budget.
+    fastest = min(first.values())
+    names = []
+    for name in contenders:
+        if first[name] > slow_factor * fastest and first[name] > 0.01:
+            samples[name].append(first[name])
+        else:
+            names.append(name)
     start = time.perf_counter()
     rounds = 0
     while rounds < max_rounds and (rounds < 3 or time.perf_counter() - start < budget_s):
@@ -81,4 +96,14 @@ def machine() -> dict[str, str]:
         facts["torch"] = f"{torch.__version__} ({torch.get_num_threads()} threads)"
     except ImportError:
         facts["torch"] = "not installed"
+    try:
+        import jax
+
+        facts["jax"] = f"{jax.__version__} (XLA CPU: {jax.device_count()} device, intra-op threads on every core)"
+    except ImportError:
+        facts["jax"] = "not installed"
+    facts["lu_core threads"] = (
+        f"Numba {numba.get_num_threads()} ({numba.config.THREADING_LAYER} layer), "
+        f"LAPACK per-matrix pool {len(os.sched_getaffinity(0))}"
+    )
     return facts

@@ -1,10 +1,12 @@
-"""Measure the CPU backend's crossovers between its batched kernels and LAPACK.
+"""Measure the CPU backend's crossovers: batched kernels against LAPACK, serial twins against parallel ones.
 
     python -m bench.calibrate_cpu
 
 For each n, times both paths on the same data (about 2**22 matrix elements per
-case) and prints where the kernels stop winning; copy the results into
-``lu_core/_cpu/_tuning.py``.
+case) and prints where the kernels stop winning; then times each kernel's serial
+and parallel twin over growing batches and prints the ratio against the total
+work (``_tuning.PARALLEL_MIN_WORK`` goes where it crosses 1). Copy the results
+into ``lu_core/_cpu/_tuning.py``.
 """
 
 from __future__ import annotations
@@ -60,6 +62,35 @@ def _case(n: int, rng: np.random.Generator) -> list[float]:
     return [batch] + [t["k"].median / t["l"].median for t in (f, s1, sn)]
 
 
+def _twins(rng: np.random.Generator) -> None:
+    saved = _tuning.PARALLEL_MIN_WORK
+
+    def with_min_work(value: int, fn):
+        _tuning.PARALLEL_MIN_WORK = value
+        return fn()
+
+    print("\n| n | batch | factor work | factor serial/parallel | solve work | solve serial/parallel |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    try:
+        for n in (8, 32):
+            for batch in (16, 64, 256, 1024, 4096):
+                A = rng.standard_normal((batch, n, n))
+                LU, piv = lu_core.lu_factor(A)
+                b = rng.standard_normal((batch, n, 1))
+                ratios = []
+                for fn in (lambda A=A: lu_core.lu_factor(A), lambda LU=LU, piv=piv, b=b: lu_core.lu_solve(LU, piv, b)):
+                    t = interleaved(
+                        {"s": lambda fn=fn: with_min_work(1 << 62, fn), "p": lambda fn=fn: with_min_work(0, fn)},
+                        budget_s=0.5,
+                        block=5,
+                    )
+                    ratios.append(t["s"].median / t["p"].median)
+                print(f"| {n} | {batch} | {batch * n**3} | {ratios[0]:.2f} | {2 * batch * n * n} | {ratios[1]:.2f} |")
+    finally:
+        _tuning.PARALLEL_MIN_WORK = saved
+    print("\nBelow 1: the serial twin is faster at that much work.", file=sys.stderr)
+
+
 def main() -> int:
     saved = (
         _tuning.FACTOR_KERNEL_MAX_N,
@@ -79,6 +110,7 @@ def main() -> int:
         _set(*saved)
         _tuning.SOLVE_KERNEL_ALWAYS_N = always
     print("\nBelow 1: the batched kernel is faster at that size.", file=sys.stderr)
+    _twins(rng)
     return 0
 
 

@@ -291,34 +291,43 @@ def lu_solve(
     piv = _pivots(be, pivots)
     check_pivots_shape(piv.shape, lu_.shape)
     b = _matrix(be, B, "B")
-    n = lu_.shape[-1]
-    side = -2 if left else -1
-    if b.shape[side] != n:
+    _check_rhs(lu_.shape, b.shape, left)
+    out_batch = _out_batch(lu_.shape, b.shape)
+    piv0 = be.check_pivots(piv, lu_.shape[-1])
+    if check_errors:
+        _raise_if_singular(be, _diagonal_info(lu_), "lu_solve")
+    return _solve_factored(be, lu_, piv0, b, out_batch, bool(left), bool(adjoint))
+
+
+def _check_rhs(lu_shape: tuple[int, ...], b_shape: tuple[int, ...], left: bool, name: str = "LU") -> None:
+    n = lu_shape[-1]
+    if b_shape[-2 if left else -1] != n:
         what = "rows" if left else "columns"
         raise ShapeError(
             "B",
-            f"expected {n} {what} to match LU of shape {tuple(lu_.shape)} (left={bool(left)}), "
-            f"got shape {tuple(b.shape)}",
+            f"expected {n} {what} to match {name} of shape {tuple(lu_shape)} (left={bool(left)}), "
+            f"got shape {tuple(b_shape)}",
         )
-    lu_batch, b_batch = tuple(lu_.shape[:-2]), tuple(b.shape[:-2])
+
+
+def _out_batch(lu_shape: tuple[int, ...], b_shape: tuple[int, ...], names: str = "LU, B") -> tuple[int, ...]:
+    lu_batch, b_batch = tuple(lu_shape[:-2]), tuple(b_shape[:-2])
+    if lu_batch == b_batch:  # the common case, without np.broadcast_shapes (~3 us)
+        return lu_batch
     try:
-        out_batch = tuple(np.broadcast_shapes(lu_batch, b_batch))
+        return tuple(np.broadcast_shapes(lu_batch, b_batch))
     except ValueError:
-        raise ShapeError("LU, B", f"batch dimensions {lu_batch} and {b_batch} cannot be broadcast together") from None
-    piv0 = be.check_pivots(piv, n)
-    if check_errors:
-        _raise_if_singular(be, _diagonal_info(lu_), "lu_solve")
-    return _solve_checked(be, lu_, piv0, b, out_batch, bool(left), bool(adjoint))
+        raise ShapeError(names, f"batch dimensions {lu_batch} and {b_batch} cannot be broadcast together") from None
 
 
-def _solve_checked(
+def _solve_factored(
     be: Backend, lu_: Any, piv0: Any, b: Any, out_batch: tuple[int, ...], left: bool, adjoint: bool
 ) -> Any:
-    """The solve once shapes are validated and pivots are 0-based (checked, or our own)."""
+    """The solve once the arguments are checked: promote, index the broadcast, delegate."""
     dtype = common_dtype(lu_.dtype, b.dtype)
     lu_, b = be.astype(lu_, dtype), be.astype(b, dtype)
-    lu_batch = tuple(lu_.shape[:-2])
-    return be.lu_solve(lu_, piv0, b, broadcast_index(lu_batch, out_batch), out_batch, left, adjoint)
+    index = broadcast_index(tuple(lu_.shape[:-2]), out_batch)
+    return be.lu_solve(lu_, piv0, b, index, out_batch, left, adjoint)
 
 
 def solve(A: Any, B: Any, *, left: bool = True, check_errors: bool = True) -> Any:
@@ -370,23 +379,14 @@ def solve(A: Any, B: Any, *, left: bool = True, check_errors: bool = True) -> An
         b_in = b_raw[..., None] if left else b_raw[..., None, :]
     else:
         b_in = b_raw
-    b_mat = _matrix(be, b_in, "B")
-    n = a.shape[-1]
-    side = -2 if left else -1
-    if b_mat.shape[side] != n:
-        what = "rows" if left else "columns"
-        expected = f"expected {n} {what} to match A of shape {tuple(a.shape)} (left={bool(left)})"
-        raise ShapeError("B", f"{expected}, got shape {tuple(b_mat.shape)}")
-    a_batch, b_batch = tuple(a.shape[:-2]), tuple(b_mat.shape[:-2])
-    try:
-        out_batch = tuple(np.broadcast_shapes(a_batch, b_batch))
-    except ValueError:
-        raise ShapeError("A, B", f"batch dimensions {a_batch} and {b_batch} cannot be broadcast together") from None
+    b = _matrix(be, b_in, "B")
+    _check_rhs(a.shape, b.shape, left, "A")
+    out_batch = _out_batch(a.shape, b.shape, "A, B")
     LU, piv, info = be.lu_factor_ex(a, True)
     if check_errors:
         _raise_if_singular(be, info, "solve")
     # Pivots we just produced: no range check, so no wait for the device before the solve.
-    X = _solve_checked(be, LU, be.own_pivots(piv), b_mat, out_batch, bool(left), False)
+    X = _solve_factored(be, LU, be.own_pivots(piv), b, out_batch, bool(left), False)
     return X[..., 0] if vector and left else (X[..., 0, :] if vector else X)
 
 

@@ -62,6 +62,8 @@ def _is_cupy(x: Any) -> bool:
 
 def backend_for(*arrays: Any) -> Backend:
     """The backend that owns the data of ``arrays`` (``None`` entries are ignored)."""
+    if all(type(a) is np.ndarray for a in arrays):  # the common case, decided without imports
+        return _cpu()
     present = [a for a in arrays if a is not None]
     on_gpu = [_is_cupy(a) for a in present]
     if any(on_gpu):
@@ -74,6 +76,17 @@ def backend_for(*arrays: Any) -> Backend:
         from lu_core._gpu.backend import GPU_BACKEND
 
         return GPU_BACKEND
-    from lu_core._cpu.backend import CPU_BACKEND
+    return _cpu()
 
-    return CPU_BACKEND
+
+_CPU: Backend | None = None
+
+
+def _cpu() -> Backend:
+    # Imported on first use (it compiles or loads the Numba kernels), then kept.
+    global _CPU
+    if _CPU is None:
+        from lu_core._cpu.backend import CPU_BACKEND
+
+        _CPU = CPU_BACKEND
+    return _CPU

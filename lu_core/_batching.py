@@ -11,6 +11,8 @@ def broadcast_index(batch: tuple[int, ...], out_batch: tuple[int, ...]) -> np.nd
     """For each problem of ``out_batch`` (row-major), the flat index of the
     matrix of ``batch`` that broadcasts to it. Broadcast operands are then read
     through this index (or repeated pointers) instead of being copied."""
+    if batch == out_batch:  # the common case, without the broadcasting machinery (~5 us)
+        return np.arange(math.prod(batch), dtype=np.intp)
     flat = np.arange(math.prod(batch), dtype=np.intp).reshape(batch)
     return np.ascontiguousarray(np.broadcast_to(flat, out_batch)).reshape(-1)
 

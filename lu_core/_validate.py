@@ -17,8 +17,13 @@ from lu_core._errors import DTypeError, ShapeError
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64), np.dtype(np.complex128))
 
 
+_SUPPORTED = frozenset(SUPPORTED_DTYPES)
+
+
 def compute_dtype(dtype: Any, argument: str) -> np.dtype:
     """The dtype a matrix argument is computed in; integers promote to float64."""
+    if dtype in _SUPPORTED:  # the common case: a dtype object already (a set lookup, no np.dtype call)
+        return dtype
     dt = np.dtype(dtype)
     if dt in SUPPORTED_DTYPES:
         return dt
@@ -33,6 +38,8 @@ def compute_dtype(dtype: Any, argument: str) -> np.dtype:
 
 def common_dtype(*dtypes: np.dtype) -> np.dtype:
     """Promotion of already supported dtypes (e.g. float32 with complex64 -> complex64)."""
+    if all(d == dtypes[0] for d in dtypes):  # the common case, without NumPy's promotion machinery
+        return dtypes[0]
     return np.dtype(np.result_type(*dtypes))
 
 

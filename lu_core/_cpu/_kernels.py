@@ -1,4 +1,4 @@
-"""Numba kernels for the CPU backend, parallel across the batch.
+"""Numba kernels for the CPU backend, each compiled twice: parallel and serial.
 
 Storage convention (the one LAPACK and PyTorch use): a factorization is kept
 column-major per matrix. Every kernel here receives ``S`` with
@@ -8,134 +8,273 @@ matrices, so the inner loops (a column of ``A``) run over contiguous memory.
 Pivots inside these kernels are 0-based; the public layer converts from and to
 LAPACK's 1-based pivots in exactly one place each way (``lu_core._cpu.backend``).
 Kernels trust their pivots: the public layer has range-checked them already.
+
+Serial twins: every call of a parallel kernel wakes the OpenMP pool, which costs
+8-77 us on a 2-core VM, while the whole 8x8 factorization takes under 1 us. So
+each kernel is a :class:`Twin`: one Python source compiled once with
+``parallel=True`` and once without (``prange`` is then a plain ``range``), and a
+call goes to the serial one when its total work is below
+``_tuning.PARALLEL_MIN_WORK``. Both run the same per-matrix arithmetic in the
+same order (the per-matrix bodies are shared helpers), so a matrix gets the same
+bits whichever twin runs and whatever batch it sits in; the service's dynamic
+batching relies on that, and ``tests/lu_core/test_batch_invariance.py`` checks it.
 """
 
 from __future__ import annotations
+
+import threading
+import types
+from collections.abc import Callable
+from typing import Any
 
 import numba as nb
 import numpy as np
 
 from lu_core import _threads  # noqa: F401 - OpenMP settings before Numba starts its pool
+from lu_core._cpu import _tuning
 
-_JIT = {"nogil": True, "cache": True, "parallel": True, "error_model": "numpy"}
+_SERIAL = {"nogil": True, "cache": True, "error_model": "numpy"}
+_PARALLEL = {**_SERIAL, "parallel": True}
+# Per-matrix bodies shared by several kernels; compiled into each caller, which caches them.
+_HELPER = {"nogil": True, "error_model": "numpy"}
+
+# Numba's parallel backends must not be entered by two threads at once; every
+# parallel kernel call goes through this lock. Serial twins need no lock.
+_kernel_lock = threading.Lock()
 
 
-@nb.njit(inline="always")
+def _renamed(fn: Callable[..., Any], suffix: str) -> Callable[..., Any]:
+    """A copy of ``fn`` under its own qualified name: Numba's on-disk cache is
+    keyed by the function's qualified name and line, not by the compile
+    options, so two dispatchers sharing one function object would read each
+    other's cached machine code (a serial call could load the parallel build)."""
+    g = types.FunctionType(fn.__code__, fn.__globals__, f"{fn.__name__}_{suffix}", fn.__defaults__, fn.__closure__)
+    g.__qualname__ = f"{fn.__qualname__}_{suffix}"
+    g.__module__ = fn.__module__
+    g.__doc__ = fn.__doc__
+    return g
+
+
+class Twin:
+    """A kernel compiled serial and parallel from one source; called as
+    ``kernel(work, *args)`` where ``work`` is the call's total work in inner-loop
+    steps, which alone (never the data) picks the twin."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.__doc__ = fn.__doc__
+        self.__name__ = fn.__name__
+        self.serial = nb.njit(**_SERIAL)(_renamed(fn, "serial"))
+        self.parallel = nb.njit(**_PARALLEL)(_renamed(fn, "parallel"))
+
+    def __call__(self, work: int, *args: Any) -> Any:
+        if work < _tuning.PARALLEL_MIN_WORK:
+            return self.serial(*args)
+        with _kernel_lock:
+            return self.parallel(*args)
+
+
+@nb.njit(**_HELPER)
 def _cabs1(x):
     # LAPACK's i?amax measures complex entries as |re| + |im| (BLAS cabs1), not
     # the modulus; using the same measure gives the same pivots as ?getrf.
     return abs(x.real) + abs(x.imag)
 
 
-@nb.njit(**_JIT)
-def getrf(s, piv, info, pivot):
-    """LU of every matrix in ``s`` (transposed storage), in place.
+@nb.njit(**_HELPER)
+def _getf2(a, piv, pivot):
+    """LU of one matrix in transposed storage ``a`` (``a[j, i] == A[i, j]``), in place.
 
     Right-looking unblocked elimination, the order of LAPACK's ``?getf2``:
     pick the first entry of largest magnitude, swap whole rows, scale the
     column by the reciprocal of the pivot, rank-1 update the trailing block.
-    A zero pivot records ``info`` (1-based, first only) and skips the scaling,
-    as LAPACK does, so no division by zero happens.
+    A zero pivot is recorded (1-based, first only) and skips the scaling, as
+    LAPACK does, so no division by zero happens. Returns that ``info``.
+    """
+    n, m = a.shape
+    k = min(m, n)
+    first_zero = 0
+    for j in range(k):
+        p = j
+        if pivot:
+            best = _cabs1(a[j, j])
+            for i in range(j + 1, m):
+                v = _cabs1(a[j, i])
+                if v > best:
+                    best = v
+                    p = i
+            if p != j:
+                for c in range(n):
+                    t = a[c, j]
+                    a[c, j] = a[c, p]
+                    a[c, p] = t
+        piv[j] = p
+        d = a[j, j]
+        if d == 0:
+            if first_zero == 0:
+                first_zero = j + 1
+        else:
+            r = 1 / d
+            for i in range(j + 1, m):
+                a[j, i] *= r
+        for c in range(j + 1, n):
+            f = a[c, j]
+            if f != 0:
+                for i in range(j + 1, m):
+                    a[c, i] -= a[j, i] * f
+    return first_zero
+
+
+@nb.njit(**_HELPER)
+def _getrs(a, p, x, trans):
+    """Solve with one factorization ``a`` (transposed storage) in place on
+    ``x`` (``n x nrhs``, row ``i`` = equation ``i`` of every right-hand side),
+    so the inner loops run over the right-hand sides, contiguously.
+
+    For every right-hand side the operations are LAPACK ``?getrs``'s, in its
+    order: a zero entry of the vector being eliminated skips its update (as
+    ``?trsm`` does), so an infinite entry of ``LU`` meets no ``0 * inf``.
+    """
+    n, nrhs = x.shape
+    if nrhs == 1:
+        # One right-hand side: the same operations on a vector, without a row view per entry
+        # (those cost more than the arithmetic: 28x slower at 100 x 128 in the grid).
+        _getrs_vector(a, p, x[:, 0], trans)
+        return
+    if trans == 0:
+        for i in range(n):
+            q = p[i]
+            if q != i:
+                for r in range(nrhs):
+                    t = x[i, r]
+                    x[i, r] = x[q, r]
+                    x[q, r] = t
+        for j in range(n):
+            xj = x[j]
+            for i in range(j + 1, n):
+                lij = a[j, i]
+                xi = x[i]
+                for r in range(nrhs):
+                    if xj[r] != 0:
+                        xi[r] -= lij * xj[r]
+        for j in range(n - 1, -1, -1):
+            xj = x[j]
+            d = a[j, j]
+            for r in range(nrhs):
+                xj[r] /= d
+            for i in range(j):
+                uij = a[j, i]
+                xi = x[i]
+                for r in range(nrhs):
+                    if xj[r] != 0:
+                        xi[r] -= uij * xj[r]
+    else:
+        conj = trans == 2
+        for i in range(n):
+            xi = x[i]
+            for j in range(i):
+                c = np.conj(a[i, j]) if conj else a[i, j]
+                xj = x[j]
+                for r in range(nrhs):
+                    xi[r] -= c * xj[r]
+            d = np.conj(a[i, i]) if conj else a[i, i]
+            for r in range(nrhs):
+                xi[r] = xi[r] / d
+        for i in range(n - 1, -1, -1):
+            xi = x[i]
+            for j in range(i + 1, n):
+                c = np.conj(a[i, j]) if conj else a[i, j]
+                xj = x[j]
+                for r in range(nrhs):
+                    xi[r] -= c * xj[r]
+        for i in range(n - 1, -1, -1):
+            q = p[i]
+            if q != i:
+                for r in range(nrhs):
+                    t = x[i, r]
+                    x[i, r] = x[q, r]
+                    x[q, r] = t
+
+
+@nb.njit(**_HELPER)
+def _getrs_vector(a, p, x, trans):
+    """:func:`_getrs` for one right-hand side ``x`` (length ``n``): the same
+    operations in the same order, so the same bits."""
+    n = x.shape[0]
+    if trans == 0:
+        for i in range(n):
+            q = p[i]
+            if q != i:
+                t = x[i]
+                x[i] = x[q]
+                x[q] = t
+        for j in range(n):
+            xj = x[j]
+            if xj != 0:
+                for i in range(j + 1, n):
+                    x[i] -= a[j, i] * xj
+        for j in range(n - 1, -1, -1):
+            x[j] /= a[j, j]
+            xj = x[j]
+            if xj != 0:
+                for i in range(j):
+                    x[i] -= a[j, i] * xj
+    else:
+        conj = trans == 2
+        for i in range(n):
+            acc = x[i]
+            for j in range(i):
+                c = np.conj(a[i, j]) if conj else a[i, j]
+                acc -= c * x[j]
+            d = np.conj(a[i, i]) if conj else a[i, i]
+            x[i] = acc / d
+        for i in range(n - 1, -1, -1):
+            acc = x[i]
+            for j in range(i + 1, n):
+                c = np.conj(a[i, j]) if conj else a[i, j]
+                acc -= c * x[j]
+            x[i] = acc
+        for i in range(n - 1, -1, -1):
+            q = p[i]
+            if q != i:
+                t = x[i]
+                x[i] = x[q]
+                x[q] = t
+
+
+def _getrf(src, transposed, s, piv, info, pivot):
+    """Copy each input matrix into fresh storage and factor it there: one pass
+    over a matrix while it is in cache, one kernel launch per call.
+
+    ``src[b]`` is the matrix itself (C-ordered ``m x n``) when ``transposed``,
+    else already in transposed storage (``n x m``); ``s`` receives the
+    factorization in transposed storage, ``piv`` 0-based pivots, ``info``
+    LAPACK's info.
     """
     nbatch, n, m = s.shape
-    k = min(m, n)
     for b in nb.prange(nbatch):
         a = s[b]
-        first_zero = 0
-        for j in range(k):
-            p = j
-            if pivot:
-                best = _cabs1(a[j, j])
-                for i in range(j + 1, m):
-                    v = _cabs1(a[j, i])
-                    if v > best:
-                        best = v
-                        p = i
-                if p != j:
-                    for c in range(n):
-                        t = a[c, j]
-                        a[c, j] = a[c, p]
-                        a[c, p] = t
-            piv[b, j] = p
-            d = a[j, j]
-            if d == 0:
-                if first_zero == 0:
-                    first_zero = j + 1
-            else:
-                r = 1 / d
-                for i in range(j + 1, m):
-                    a[j, i] *= r
-            for c in range(j + 1, n):
-                f = a[c, j]
-                if f != 0:
-                    for i in range(j + 1, m):
-                        a[c, i] -= a[j, i] * f
-        info[b] = first_zero
+        x = src[b]
+        if transposed:
+            for i in range(m):
+                for c in range(n):
+                    a[c, i] = x[i, c]
+        else:
+            for c in range(n):
+                for i in range(m):
+                    a[c, i] = x[c, i]
+        info[b] = _getf2(a, piv[b], pivot)
 
 
-@nb.njit(**_JIT)
-def getrs(s, piv, lu_index, w, trans):
-    """Solve with every factorization in place on the right-hand sides ``w``.
-
-    ``w[t, r, :]`` is right-hand side column ``r`` of problem ``t``; problem
-    ``t`` uses factorization ``lu_index[t]``, so a broadcast LU is read, never
-    copied. ``trans`` is 0 (A), 1 (A^T) or 2 (A^H).
-    """
-    nprob, nrhs, n = w.shape
-    for t in nb.prange(nprob):
-        a = s[lu_index[t]]
-        p = piv[lu_index[t]]
-        for r in range(nrhs):
-            x = w[t, r]
-            if trans == 0:
-                for i in range(n):
-                    q = p[i]
-                    if q != i:
-                        tmp = x[i]
-                        x[i] = x[q]
-                        x[q] = tmp
-                for j in range(n):
-                    xj = x[j]
-                    if xj != 0:
-                        for i in range(j + 1, n):
-                            x[i] -= a[j, i] * xj
-                for j in range(n - 1, -1, -1):
-                    x[j] /= a[j, j]
-                    xj = x[j]
-                    if xj != 0:
-                        for i in range(j):
-                            x[i] -= a[j, i] * xj
-            else:
-                conj = trans == 2
-                for i in range(n):
-                    acc = x[i]
-                    if conj:
-                        for j in range(i):
-                            acc -= np.conj(a[i, j]) * x[j]
-                        x[i] = acc / np.conj(a[i, i])
-                    else:
-                        for j in range(i):
-                            acc -= a[i, j] * x[j]
-                        x[i] = acc / a[i, i]
-                for i in range(n - 1, -1, -1):
-                    acc = x[i]
-                    if conj:
-                        for j in range(i + 1, n):
-                            acc -= np.conj(a[i, j]) * x[j]
-                    else:
-                        for j in range(i + 1, n):
-                            acc -= a[i, j] * x[j]
-                    x[i] = acc
-                for i in range(n - 1, -1, -1):
-                    q = p[i]
-                    if q != i:
-                        tmp = x[i]
-                        x[i] = x[q]
-                        x[q] = tmp
+def _getrs_batch(s, piv, lu_index, w, trans):
+    """Solve every problem in place on ``w[t]`` (``n x nrhs``, see :func:`_getrs`)
+    with factorization ``lu_index[t]``, so a broadcast LU is read, never copied.
+    ``trans`` is 0 (A), 1 (A^T) or 2 (A^H)."""
+    for t in nb.prange(w.shape[0]):
+        j = lu_index[t]
+        _getrs(s[j], piv[j], w[t], trans)
 
 
-@nb.njit(**_JIT)
-def split_triangles(src, lower, upper, unit_lower):
+def _split_triangles(src, lower, upper, unit_lower):
     """Split each matrix of ``src`` (C-contiguous ``r x c``) into triangles.
 
     With ``kk = min(r, c)``: ``lower`` (``r x kk``) gets the part below the
@@ -164,8 +303,7 @@ def split_triangles(src, lower, upper, unit_lower):
                 up[j] = x[j]
 
 
-@nb.njit(**_JIT)
-def permutations(piv, m, perm):
+def _permutations(piv, m, perm):
     """``perm[b]`` = row order produced by applying ``piv[b]`` (0-based) to
     ``arange(m)`` in order; parallel across the batch."""
     nbatch, k = piv.shape
@@ -181,8 +319,7 @@ def permutations(piv, m, perm):
             pr[q] = t
 
 
-@nb.njit(**_JIT)
-def scatter_permutation(perm, out):
+def _scatter_permutation(perm, out):
     """``out[b, perm[b, j], j] = 1`` into a zeroed ``out``: one write per column,
     parallel over all columns of all matrices; the rest stays the OS's zeros."""
     nbatch, m = perm.shape
@@ -196,8 +333,7 @@ def scatter_permutation(perm, out):
 _TILE = 32
 
 
-@nb.njit(**_JIT)
-def transpose_into(src, dst):
+def _transpose_into(src, dst):
     """``dst[b] = src[b].T`` for C-contiguous ``src`` and ``dst``, in cache-sized
     tiles, parallel over all tiles of all matrices (NumPy's strided transposing
     copy is about half as fast on large matrices)."""
@@ -217,16 +353,15 @@ def transpose_into(src, dst):
                 dst[b, j, i] = src[b, i, j]
 
 
-@nb.njit(**_JIT)
-def unpack_small(src, lower, upper, unit_lower, piv, p_mat, want_data, want_p):
+def _unpack_small(src, lower, upper, unit_lower, piv, p_mat, want_data, want_p):
     """Fused unpack for small matrices: one pass per matrix, parallel over the
     batch, everything of a matrix in cache.
 
-    The triangles are split as in :func:`split_triangles`. ``P`` starts as the
+    The triangles are split as in :func:`_split_triangles`. ``P`` starts as the
     identity and each pivot swaps two of its columns: column ``j`` holds its
     one in row ``perm[j]``, and applying a pivot to ``perm`` swaps two entries,
     so no permutation array is needed. Outputs must arrive zeroed, as in
-    :func:`split_triangles`.
+    :func:`_split_triangles`.
     """
     nbatch, r, c = src.shape
     kk = min(r, c)
@@ -257,3 +392,28 @@ def unpack_small(src, lower, upper, unit_lower, piv, p_mat, want_data, want_p):
                         t = pm[row, i]
                         pm[row, i] = pm[row, q]
                         pm[row, q] = t
+
+
+getrf = Twin(_getrf)
+getrs = Twin(_getrs_batch)
+split_triangles = Twin(_split_triangles)
+permutations = Twin(_permutations)
+scatter_permutation = Twin(_scatter_permutation)
+transpose_into = Twin(_transpose_into)
+unpack_small = Twin(_unpack_small)
+
+
+@nb.njit(**_SERIAL)
+def pivots_zero_based(pivots, m, out):
+    """Range-check 1-based ``pivots`` (``batch x k``, int32 or int64) against
+    ``[1, m]`` and write them 0-based into ``out`` (int32) in the same pass.
+    Returns the flat index of the first pivot out of range, or -1. Serial: one
+    cheap pass, far below the cost of waking the thread pool for any batch."""
+    nbatch, k = pivots.shape
+    for b in range(nbatch):
+        for i in range(k):
+            v = pivots[b, i]
+            if v < 1 or v > m:
+                return b * k + i
+            out[b, i] = v - 1
+    return -1

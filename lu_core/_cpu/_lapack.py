@@ -1,9 +1,12 @@
 """Per-matrix LAPACK (through SciPy) over a batch of large matrices.
 
-Each matrix is big enough that a call's overhead is noise, so the batch is cut
-into one contiguous chunk per core and the chunks run on a thread pool (SciPy's
-LAPACK wrappers release the GIL); BLAS is held to one thread meanwhile so the
-cores are not oversubscribed. A single matrix keeps BLAS's own threading.
+Each matrix is big enough that a call's overhead is noise. Matrices up to
+``_tuning.LAPACK_POOL_MAX_N`` are cut into one contiguous chunk per core and the
+chunks run on a thread pool (SciPy's LAPACK wrappers release the GIL), with BLAS
+held to one thread so the cores are not oversubscribed. Larger ones are done one
+after another with BLAS's own threads. The choice depends on the matrix size
+only, never on the batch size, because OpenBLAS's threaded and serial ``getrf``
+round differently: a matrix gets the same bits alone as inside any batch.
 
 Arrays follow the CPU backend's storage: ``s[b]`` is the transposed matrix,
 so ``s[b].T`` is the Fortran-ordered matrix LAPACK wants, with no copy.
@@ -22,6 +25,8 @@ import numpy as np
 from scipy.linalg import get_lapack_funcs
 from threadpoolctl import ThreadpoolController
 
+from lu_core._cpu import _tuning
+
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _controller: ThreadpoolController | None = None
@@ -34,19 +39,24 @@ def _workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _run_chunked(task: Callable[[int, int], None], count: int) -> None:
+def _run_chunked(task: Callable[[int, int], None], count: int, n: int) -> None:
     global _pool, _controller
-    workers = min(_workers(), count)
-    if workers <= 1:
-        task(0, count)
+    if n > _tuning.LAPACK_POOL_MAX_N:
+        task(0, count)  # one matrix at a time, BLAS threaded inside each
         return
+    workers = min(_workers(), count)
     with _lock:
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="lu_core-lapack")
             _controller = ThreadpoolController()
-    bounds = np.linspace(0, count, workers + 1).astype(int)
     assert _controller is not None
+    assert _pool is not None
+    # One BLAS thread even for a single matrix, so that it rounds as it would in a batch.
     with _controller.limit(limits=1, user_api="blas"):
+        if workers <= 1:
+            task(0, count)
+            return
+        bounds = np.linspace(0, count, workers + 1).astype(int)
         futures = [_pool.submit(task, int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds)]
         for f in futures:
             f.result()
@@ -65,7 +75,7 @@ def getrf(s: np.ndarray, piv0: np.ndarray, info: np.ndarray) -> None:
             piv0[b] = p
             info[b] = inf
 
-    _run_chunked(task, s.shape[0])
+    _run_chunked(task, s.shape[0], max(s.shape[1:]))
 
 
 def getrs(s: np.ndarray, piv0: np.ndarray, lu_index: np.ndarray, w: np.ndarray, trans: int) -> None:
@@ -81,4 +91,4 @@ def getrs(s: np.ndarray, piv0: np.ndarray, lu_index: np.ndarray, w: np.ndarray, 
             if not np.shares_memory(x, rhs):  # pragma: no cover - SciPy copied
                 rhs[...] = x
 
-    _run_chunked(task, w.shape[0])
+    _run_chunked(task, w.shape[0], s.shape[-1])

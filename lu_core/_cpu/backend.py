@@ -2,7 +2,11 @@
 
 Small matrices go through the batched Numba kernels in ``_kernels`` (no Python
 loop per matrix); large ones through LAPACK per matrix in ``_lapack``. The
-switch points live in ``_tuning``.
+switch points live in ``_tuning`` and depend on the matrix shape and dtype
+only, never on the batch size: a matrix gets the same bits alone as in a batch.
+Each call launches one kernel where it can (copy and factor fused; a solve's
+right-hand sides copied by NumPy, then one kernel), and the kernels' serial
+twins take small work, so a small call costs a few microseconds.
 
 Storage: factorizations are produced column-major per matrix (``LU[b]`` is
 Fortran-ordered, like LAPACK and PyTorch), which is what both the kernels and
@@ -16,7 +20,7 @@ touches the base.
 
 from __future__ import annotations
 
-import threading
+import math
 from typing import Any
 
 import numpy as np
@@ -25,9 +29,12 @@ from lu_core._cpu import _kernels, _lapack, _tuning
 from lu_core._errors import DTypeError, PivotError
 from lu_core._layout import plan_split
 
-# Numba's default ``workqueue`` threading layer must not be entered by two
-# threads at once; every parallel kernel call goes through this lock.
-_kernel_lock = threading.Lock()
+# The lock that serializes parallel Numba regions lives with the kernels; named here too for
+# the modules that import it from the backend (the refinement kernels).
+_kernel_lock = _kernels._kernel_lock
+
+_EMPTY_PIV = np.empty((0, 0), np.int32)
+_NONE = np.empty(0, np.intp)
 
 
 def _transposed(a3: np.ndarray) -> np.ndarray:
@@ -36,10 +43,17 @@ def _transposed(a3: np.ndarray) -> np.ndarray:
     st = a3.swapaxes(1, 2)
     if st.flags.c_contiguous:
         return st
+    return _transposed_copy(a3)
+
+
+def _transposed_copy(a3: np.ndarray) -> np.ndarray:
+    """Fresh C-contiguous storage ``s`` with ``s[b] == a3[b].T``."""
+    st = a3.swapaxes(1, 2)
+    if st.flags.c_contiguous:
+        return st.copy()
     src = np.ascontiguousarray(a3)
     out = np.empty(st.shape, dtype=a3.dtype)
-    with _kernel_lock:
-        _kernels.transpose_into(src, out)
+    _kernels.transpose_into(src.size, src, out)
     return out
 
 
@@ -47,30 +61,35 @@ class CpuBackend:
     name = "cpu"
 
     def asarray(self, x: Any, argument: str) -> np.ndarray:
+        if type(x) is np.ndarray:
+            return x
         try:
             return np.asarray(x)
         except (TypeError, ValueError) as exc:
             raise DTypeError(argument, f"cannot be read as an array: {exc}") from None
 
     def astype(self, x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-        return x.astype(dtype, copy=False)
+        return x if x.dtype == dtype else x.astype(dtype)
 
     def check_pivots(self, pivots: np.ndarray, m: int) -> np.ndarray:
         k = pivots.shape[-1]
-        flat = pivots.reshape(-1, k) if pivots.size else np.empty((int(np.prod(pivots.shape[:-1])), k), np.int32)
-        if flat.size:
-            bad = (flat < 1) | (flat > m)
-            if bad.any():
-                first = int(np.flatnonzero(bad.reshape(-1))[0])
-                where = np.unravel_index(first, pivots.shape)
-                value = int(flat.reshape(-1)[first])
-                raise PivotError(
-                    "pivots",
-                    f"value {value} at index {tuple(int(i) for i in where)} is outside [1, {m}] "
-                    "(pivots are LAPACK's 1-based row indices)",
-                )
-        piv0 = flat.astype(np.int32)  # always a copy: the caller's pivots are never modified
-        piv0 -= 1  # LAPACK 1-based -> 0-based, the one place in
+        nb = math.prod(pivots.shape[:-1])
+        flat = pivots.reshape(nb, k)
+        if flat.dtype != np.int32 and flat.dtype != np.int64:
+            # Other integer kinds are read as int64; an unsigned value too big
+            # for it wraps to a negative one, which the range check refuses.
+            flat = flat.astype(np.int64)
+        piv0 = np.empty((nb, k), dtype=np.int32)  # a new array: the caller's pivots are never modified
+        # LAPACK 1-based -> 0-based, the one place in, checked in the same pass.
+        first = int(_kernels.pivots_zero_based(flat, m, piv0)) if flat.size else -1
+        if first >= 0:
+            where = np.unravel_index(first, pivots.shape)
+            value = int(pivots.reshape(-1)[first])
+            raise PivotError(
+                "pivots",
+                f"value {value} at index {tuple(int(i) for i in where)} is outside [1, {m}] "
+                "(pivots are LAPACK's 1-based row indices)",
+            )
         return piv0
 
     def own_pivots(self, pivots: np.ndarray) -> np.ndarray:
@@ -81,19 +100,22 @@ class CpuBackend:
 
     def lu_factor_ex(self, a: np.ndarray, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         batch, (m, n) = a.shape[:-2], a.shape[-2:]
-        nb, k = int(np.prod(batch)), min(m, n)
+        nb, k = math.prod(batch), min(m, n)
         a3 = a.reshape(nb, m, n)
-        # The factorization is written into fresh storage: the input is never modified.
-        st = a3.swapaxes(1, 2)
-        s = st.copy() if st.flags.c_contiguous else _transposed(a3)
         piv = np.empty((nb, k), dtype=np.int32)
         info = np.zeros(nb, dtype=np.int32)
-        if nb and k:
-            if pivot and max(m, n) > _tuning.FACTOR_KERNEL_MAX_N:
+        # The factorization is written into fresh storage: the input is never modified.
+        if pivot and max(m, n) > _tuning.FACTOR_KERNEL_MAX_N:
+            s = _transposed_copy(a3)
+            if nb and k:
                 _lapack.getrf(s, piv, info)
-            else:
-                with _kernel_lock:
-                    _kernels.getrf(s, piv, info, pivot)
+        else:
+            s = np.empty((nb, n, m), dtype=a.dtype)
+            if nb and k:
+                st = a3.swapaxes(1, 2)
+                transposed = not st.flags.c_contiguous
+                src = np.ascontiguousarray(a3) if transposed else st
+                _kernels.getrf(nb * m * n * k, src, transposed, s, piv, info, pivot)
         piv += 1  # 0-based -> LAPACK 1-based, the one place out
         lu = s.swapaxes(1, 2).reshape(*batch, m, n)
         return lu, piv.reshape(*batch, k), info.reshape(batch)
@@ -102,7 +124,7 @@ class CpuBackend:
         self, lu: np.ndarray, piv0: np.ndarray | None, unpack_data: bool
     ) -> tuple[np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         batch, (m, n) = lu.shape[:-2], lu.shape[-2:]
-        nb = int(np.prod(batch))
+        nb = math.prod(batch)
         dt = lu.dtype
         plan = plan_split(lu, nb, np.ascontiguousarray)
         # Outputs are allocated zeroed (calloc: pages the OS clears anyway) and
@@ -113,17 +135,19 @@ class CpuBackend:
         else:
             lower = upper = np.empty((0, 0, 0), dt)
         p_mat = np.zeros((nb, m, m), dt) if piv0 is not None else np.empty((0, 0, 0), dt)
-        with _kernel_lock:
-            if max(m, n) <= _tuning.UNPACK_FUSED_MAX_N:
-                pv = piv0 if piv0 is not None else np.empty((0, 0), np.int32)
-                _kernels.unpack_small(plan.src, lower, upper, plan.unit_lower, pv, p_mat, unpack_data, piv0 is not None)
-            else:
-                if unpack_data:
-                    _kernels.split_triangles(plan.src, lower, upper, plan.unit_lower)
-                if piv0 is not None:
-                    perm = np.empty((nb, m), dtype=np.int32)
-                    _kernels.permutations(piv0, m, perm)
-                    _kernels.scatter_permutation(perm, p_mat)
+        work = nb * max(m, n) * max(m, n)
+        if max(m, n) <= _tuning.UNPACK_FUSED_MAX_N:
+            pv = piv0 if piv0 is not None else _EMPTY_PIV
+            _kernels.unpack_small(
+                work, plan.src, lower, upper, plan.unit_lower, pv, p_mat, unpack_data, piv0 is not None
+            )
+        else:
+            if unpack_data:
+                _kernels.split_triangles(work, plan.src, lower, upper, plan.unit_lower)
+            if piv0 is not None:
+                perm = np.empty((nb, m), dtype=np.int32)
+                _kernels.permutations(nb * m, piv0, m, perm)
+                _kernels.scatter_permutation(nb * m, perm, p_mat)
         P = p_mat.reshape(*batch, m, m) if piv0 is not None else None
         if not unpack_data:
             return P, None, None
@@ -140,47 +164,51 @@ class CpuBackend:
         adjoint: bool,
     ) -> np.ndarray:
         n = lu.shape[-1]
-        nlu = int(np.prod(lu.shape[:-2]))
+        nlu = math.prod(lu.shape[:-2])
         s = _transposed(lu.reshape(nlu, n, n))
-        complex_ = np.iscomplexobj(lu)
-        # Right-hand sides are kept as rows of w: w[t, r, :] is column r of the
-        # system's right-hand side, so each one is contiguous for the solvers.
+        complex_ = lu.dtype.kind == "c"
+        # The system is solved for M = B (left) or B^T (right), n x nrhs.
         conj_io = False
         if left:
-            rhs = b.swapaxes(-1, -2)
+            rhs = b
             trans = (2 if complex_ else 1) if adjoint else 0
         else:
             # X A = B  <=>  A^T X^T = B^T;  X A^H = B  <=>  A conj(X)^T = conj(B)^T.
-            rhs = b
+            rhs = b.swapaxes(-1, -2)
             trans = 0 if adjoint else 1
             conj_io = adjoint and complex_
-        nrhs = rhs.shape[-2]
-        w = np.empty((*out_batch, nrhs, n), dtype=lu.dtype)
-        np.copyto(w, np.broadcast_to(rhs, w.shape))
-        w3 = w.reshape(int(np.prod(out_batch)), nrhs, n)
+        nrhs = rhs.shape[-1]
+        nprob = math.prod(out_batch)
+        kernel = n <= _tuning.SOLVE_KERNEL_ALWAYS_N or (
+            n <= _tuning.SOLVE_KERNEL_MAX_N and n * nrhs <= _tuning.SOLVE_KERNEL_MAX_WORK
+        )
+        # The kernel keeps M as it is (row i = equation i of every right-hand
+        # side, contiguous over them); LAPACK wants each M column-major, i.e.
+        # the rows of w are M's columns. Either way M is copied once, into the
+        # output, and solved in place (np.copyto broadcasts B's batch).
+        w = np.empty((*out_batch, n, nrhs) if kernel else (*out_batch, nrhs, n), dtype=lu.dtype)
+        np.copyto(w, rhs if kernel else rhs.swapaxes(-1, -2))
+        w3 = w.reshape(nprob, *w.shape[-2:])
         if conj_io:
             np.conjugate(w3, out=w3)
         if w3.size:
-            kernel = n <= _tuning.SOLVE_KERNEL_ALWAYS_N or (
-                n <= _tuning.SOLVE_KERNEL_MAX_N and n * nrhs <= _tuning.SOLVE_KERNEL_MAX_WORK
-            )
             if kernel:
-                with _kernel_lock:
-                    _kernels.getrs(s, piv0, lu_index, w3, trans)
+                _kernels.getrs(2 * nprob * nrhs * n * n, s, piv0, lu_index, w3, trans)
             else:
                 _lapack.getrs(s, piv0, lu_index, w3, trans)
         if conj_io:
             np.conjugate(w3, out=w3)
-        return w.swapaxes(-1, -2) if left else w
+        return w if kernel == left else w.swapaxes(-1, -2)
 
     def pivots_to_permutation(self, piv0: np.ndarray, m: int) -> np.ndarray:
         perm = np.empty((piv0.shape[0], m), dtype=np.int32)
-        with _kernel_lock:
-            _kernels.permutations(piv0, m, perm)
+        _kernels.permutations(piv0.shape[0] * m, piv0, m, perm)
         return perm
 
     def nonzero_info(self, info: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         flat = info.reshape(-1)
+        if not flat.any():
+            return _NONE, _NONE
         idx = np.flatnonzero(flat)
         return idx, flat[idx]
 

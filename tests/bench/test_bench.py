@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bench import __main__ as bench_main
@@ -47,3 +49,31 @@ def test_autodiff_bench_quick_runs(capsys):
     assert autodiff_cpu.main(["--quick"]) == 0
     out = capsys.readouterr()
     assert "| lu_solve | 1000 x 8 |" in out.out or "PyTorch is not installed" in out.err
+
+
+def test_combine_writes_one_report_with_every_runs_ratio(tmp_path):
+    from bench import core_cpu
+
+    def row(op, ours, torch, jax):
+        return {
+            "op": op,
+            "dtype": "float64",
+            "batch": 1,
+            "n": 8,
+            "ours": ours,
+            "spread": 0.1,
+            "torch": torch,
+            "jax": jax,
+        }
+
+    for name, ratio in (("a", 1.0), ("b", 2.0)):
+        runs = [[row("lu_factor", ratio * 1e-5, 1e-5, 2e-5), row("solve", 3e-5, 4e-5, 1e-5)]]
+        (tmp_path / f"{name}.json").write_text(json.dumps({"facts": {"cpu": "test"}, "command": "c", "runs": runs}))
+    out = tmp_path / "out"
+    core_cpu.combine([tmp_path / "a.json", tmp_path / "b.json"], out, lambda m: None)
+    (report,) = out.glob("*-cpu.md")
+    text = report.read_text()
+    assert "ours/best run 2" in text
+    assert "| lu_factor | float64 | 1 | 8 | 0.010 ms | ±5% | torch | **1.00×** | 2.00× (torch) |" in text
+    assert "| solve | float64 | 1 | 8 | 0.030 ms | ±5% | jax | **3.00×** | 3.00× (jax) |" in text
+    assert "| 2 | 2 | 2.50× | 3.00× (solve float64 1×8) | 0 | 0 |" in text  # run 2: median and worst

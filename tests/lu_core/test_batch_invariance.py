@@ -1,0 +1,142 @@
+"""A matrix gets the same bits alone as inside any batch, on every CPU path.
+
+The service's dynamic batching merges concurrent requests into one call and must
+answer each bit-identically to the request served alone. So the CPU backend's
+choices (serial or parallel kernel twin, Numba kernel or LAPACK, LAPACK on the
+pool with one BLAS thread or threaded BLAS one matrix at a time) may depend on
+the matrix shape and dtype, never on the batch size. These tests put the same
+matrices alone and at several places in batches large enough to take the
+parallel twins, for every operation and dtype, at sizes on both sides of every
+crossover in ``lu_core._cpu._tuning``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+import lu_core
+from lu_core._cpu import _tuning
+from tests.helpers import DTYPES, random_matrix, well_conditioned
+
+# Square sizes around the crossovers: kernel factor (<= FACTOR_KERNEL_MAX_N), LAPACK
+# on the pool (<= LAPACK_POOL_MAX_N), threaded LAPACK above it; the fused unpack
+# (<= UNPACK_FUSED_MAX_N) and the split one; solve kernel and LAPACK getrs.
+SIZES = [
+    1,
+    _tuning.UNPACK_FUSED_MAX_N,
+    _tuning.UNPACK_FUSED_MAX_N + 1,
+    _tuning.FACTOR_KERNEL_MAX_N,
+    _tuning.FACTOR_KERNEL_MAX_N + 1,
+    _tuning.LAPACK_POOL_MAX_N + 1,
+]
+
+
+def _bits(x: np.ndarray | None) -> bytes | None:
+    return None if x is None else np.ascontiguousarray(x).tobytes() + str(x.shape).encode()
+
+
+def _batch_size(n: int, nrhs: int) -> int:
+    """Enough matrices that a batched call crosses PARALLEL_MIN_WORK, capped for big n."""
+    per = max(1, n**3 + n * n * nrhs)
+    return int(min(max(4, 2 * _tuning.PARALLEL_MIN_WORK // per + 1), 3 if n > 64 else 10**4))
+
+
+def _ops(n: int) -> dict[str, Callable[[np.ndarray, np.ndarray], tuple]]:
+    def factored(fn):
+        def run(a, b):
+            LU, piv = lu_core.lu_factor(a)
+            return fn(LU, piv, a, b)
+
+        return run
+
+    return {
+        "lu_factor": lambda a, b: lu_core.lu_factor(a),
+        "lu_factor_ex": lambda a, b: lu_core.lu_factor_ex(a),
+        "lu": lambda a, b: lu_core.lu(a),
+        "lu_unpack": factored(lambda LU, piv, a, b: lu_core.lu_unpack(LU, piv)),
+        "lu_solve": factored(lambda LU, piv, a, b: (lu_core.lu_solve(LU, piv, b),)),
+        "lu_solve_1": factored(lambda LU, piv, a, b: (lu_core.lu_solve(LU, piv, b[..., :1]),)),
+        "lu_solve_adjoint": factored(lambda LU, piv, a, b: (lu_core.lu_solve(LU, piv, b, adjoint=True),)),
+        "lu_solve_right": factored(lambda LU, piv, a, b: (lu_core.lu_solve(LU, piv, b.swapaxes(-1, -2), left=False),)),
+        "solve": lambda a, b: (lu_core.solve(a, b),),
+        "solve_vector": lambda a, b: (lu_core.solve(a, b[..., 0]),),
+    }
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", SIZES)
+def test_alone_equals_inside_a_batch(rng, dtype, n):
+    nrhs = 64 if n <= 64 else 3
+    size = _batch_size(n, nrhs)
+    A = well_conditioned(rng, (size, n, n), dtype)
+    B = _rhs(rng, (size, n, nrhs), dtype)
+    picks = sorted({0, size // 2, size - 1}) if n <= 64 else [size - 1]
+    ops = _ops(n)
+    if n > 64:  # LAPACK at threaded sizes: the operations whose path changes there, to keep this quick
+        ops = {k: ops[k] for k in ("lu_factor_ex", "lu_solve", "lu_solve_right", "solve")}
+    for name, op in ops.items():
+        batched = op(A, B)
+        for i in picks:
+            alone = op(A[i], B[i])
+            one = op(A[i : i + 1], B[i : i + 1])
+            for out_b, out_a, out_1 in zip(batched, alone, one, strict=True):
+                ref = _bits(None if out_b is None else out_b[i])
+                assert _bits(out_a) == ref, f"{name}: matrix {i} alone differs from the batch of {size}"
+                assert _bits(None if out_1 is None else out_1[0]) == ref, f"{name}: matrix {i} in a batch of 1"
+
+
+def _rhs(rng: np.random.Generator, shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    return random_matrix(rng, shape, dtype)
+
+
+@contextlib.contextmanager
+def _twin(kind: str) -> Iterator[None]:
+    saved = _tuning.PARALLEL_MIN_WORK
+    _tuning.PARALLEL_MIN_WORK = 0 if kind == "parallel" else 1 << 62
+    try:
+        yield
+    finally:
+        _tuning.PARALLEL_MIN_WORK = saved
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [3, _tuning.UNPACK_FUSED_MAX_N + 3, _tuning.FACTOR_KERNEL_MAX_N])
+def test_serial_and_parallel_twins_give_the_same_bits(rng, dtype, n):
+    """The same batch through each twin of every kernel (forced both ways)."""
+    A = well_conditioned(rng, (5, n, n), dtype)
+    A_c = np.asfortranarray(A.transpose(1, 2, 0)).transpose(2, 0, 1)  # neither C nor column-major per matrix
+    B = _rhs(rng, (5, n, 7), dtype)
+    results = {}
+    for kind in ("serial", "parallel"):
+        with _twin(kind):
+            out = []
+            for name, op in _ops(n).items():
+                out += [(name, _bits(x)) for x in op(A, B)]
+            out += [("strided", _bits(x)) for x in lu_core.lu_factor(A_c)]
+            LU, piv = lu_core.lu_factor(A)
+            out += [("perm", _bits(lu_core.pivots_to_permutation(piv, n)))]
+            out += [("broadcast", _bits(lu_core.lu_solve(LU[:1], piv[:1], B)))]
+            results[kind] = out
+    for (name, s), (_, p) in zip(results["serial"], results["parallel"], strict=True):
+        assert s == p, f"{name}: the serial and parallel twins differ"
+
+
+def test_nonfinite_entries_keep_bits_alone_and_batched(rng):
+    """Infinities and NaNs (and exact zeros, which skip updates) follow the same path alone and batched."""
+    A = well_conditioned(rng, (300, 6, 6), np.float64)
+    A[7, 2, 3] = np.inf
+    A[8, :, 1] = 0.0
+    A[9, 0, 0] = np.nan
+    B = _rhs(rng, (300, 6, 2), np.float64)
+    B[7] = 0.0
+    LU, piv, _ = lu_core.lu_factor_ex(A)
+    X = lu_core.lu_solve(LU, piv, B)
+    for i in (7, 8, 9):
+        LU1, piv1, _ = lu_core.lu_factor_ex(A[i])
+        assert _bits(LU1) == _bits(LU[i])
+        assert _bits(piv1) == _bits(piv[i])
+        assert _bits(lu_core.lu_solve(LU1, piv1, B[i])) == _bits(X[i])
