@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import pathlib
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 OPS = ("lu_factor", "lu_unpack", "lu_solve", "lu_solve_64", "solve")
 #: Peers that count for "best peer"; NumPy is a stand-in only where SciPy has no such function.
@@ -161,3 +162,17 @@ def plots(rows: Sequence[dict], peers: Sequence[str], stem: pathlib.Path, title:
     plt.close(fig)
     paths.append(path)
     return paths
+
+
+def save_text(
+    text: str, out: pathlib.Path | None, name: str, quick: bool, progress: Callable[[str], None]
+) -> pathlib.Path | None:
+    """Print a plain markdown report and write it as ``<date>-<name>[-quick].md`` in ``out`` (None: print only)."""
+    print(text)
+    if out is None:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{datetime.date.today().isoformat()}-{name}{'-quick' if quick else ''}.md"
+    path.write_text(text)
+    progress(f"wrote {path}")
+    return path

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import httpx
 
+from bench._report import save_text
 from bench._timing import machine
 from bench.service import _concurrency, start_server, table
 
@@ -81,11 +82,4 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None]) -> Path 
             "",
         ]
     )
-    print(text)
-    if out is None:
-        return None
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{datetime.date.today().isoformat()}-batching-cpu{'-quick' if quick else ''}.md"
-    path.write_text(text)
-    progress(f"wrote {path}")
-    return path
+    return save_text(text, out, "batching-cpu", quick, progress)

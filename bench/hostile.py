@@ -25,6 +25,7 @@ import httpx
 import numpy as np
 
 from bench import service as service_bench
+from bench._report import save_text
 from bench._timing import machine
 
 N_UPLOAD = 5000  # 5000 x 5000 float64 = 200 MB
@@ -150,11 +151,4 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None]) -> Path 
             "",
         ]
     )
-    print(text)
-    if out is None:
-        return None
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{datetime.date.today().isoformat()}-hostile-cpu{'-quick' if quick else ''}.md"
-    path.write_text(text)
-    progress(f"wrote {path}")
-    return path
+    return save_text(text, out, "hostile-cpu", quick, progress)
