@@ -382,11 +382,17 @@ def solve(A: Any, B: Any, *, left: bool = True, check_errors: bool = True) -> An
     b = _matrix(be, b_in, "B")
     _check_rhs(a.shape, b.shape, left, "A")
     out_batch = _out_batch(a.shape, b.shape, "A, B")
-    LU, piv, info = be.lu_factor_ex(a, True)
-    if check_errors:
-        _raise_if_singular(be, info, "solve")
-    # Pivots we just produced: no range check, so no wait for the device before the solve.
-    X = _solve_factored(be, LU, be.own_pivots(piv), b, out_batch, bool(left), False)
+    fused = be.solve_fused(a, b, out_batch, bool(left))
+    if fused is not None:  # small systems: factor and solve in one kernel launch
+        X, info = fused
+        if check_errors:
+            _raise_if_singular(be, info, "solve")
+    else:
+        LU, piv, info = be.lu_factor_ex(a, True)
+        if check_errors:
+            _raise_if_singular(be, info, "solve")
+        # Pivots we just produced: no range check, so no wait for the device before the solve.
+        X = _solve_factored(be, LU, be.own_pivots(piv), b, out_batch, bool(left), False)
     return X[..., 0] if vector and left else (X[..., 0, :] if vector else X)
 
 

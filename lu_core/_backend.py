@@ -49,6 +49,11 @@ class Backend(Protocol):
         """Solve problem ``t`` of the flattened ``out_batch`` with factorization
         ``lu_index[t]`` of the flattened LU batch; ``b`` broadcasts to ``out_batch``."""
 
+    def solve_fused(self, a: Any, b: Any, out_batch: tuple[int, ...], left: bool) -> tuple[Any, Any] | None:
+        """``(X, info)`` of ``solve`` (square ``a``, ``b`` already a matrix batch, same dtype) in one
+        step, with the bits of :meth:`lu_factor_ex` then :meth:`lu_solve`; ``None`` where the backend
+        has no fused path for these shapes, and the caller composes the two."""
+
     def pivots_to_permutation(self, piv0: Any, m: int) -> Any:
         """int32 row orders, shape ``(batch, m)``."""
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numba as nb
 import numpy as np
+from numba.extending import overload
 
 from lu_core import _threads  # noqa: F401 - OpenMP settings before Numba starts its pool
 from lu_core._cpu import _tuning
@@ -73,6 +74,55 @@ class Twin:
             return self.parallel(*args)
 
 
+def _div(x, d):
+    """``x / d``, where a complex ``d == 0`` gives non-finite values instead of raising.
+
+    With ``error_model="numpy"`` a real division by zero gives inf or nan, as LAPACK
+    and PyTorch do for a singular ``U``; Numba's complex division raises
+    ``ZeroDivisionError`` whatever the error model, which a solve with a singular
+    complex factorization (allowed: ``check_errors=False``) must not do.
+    """
+    return x / d
+
+
+@overload(_div, jit_options=_HELPER, inline="always")
+def _div_impl(x, d):
+    if isinstance(x, nb.types.Complex) or isinstance(d, nb.types.Complex):
+
+        def complex_div(x, d):
+            if d == 0:
+                return x * np.inf  # (a + bi) * inf: each part inf or nan, as LAPACK's x / 0
+            return x / d
+
+        return complex_div
+    return lambda x, d: x / d
+
+
+# Update loops at least this long run over 1-D views indexed from 0, which LLVM vectorizes
+# (over ``range(lo, hi)`` of the 2-D array it does not: 4-5x slower at n = 512); shorter
+# ones stay plain loops, cheaper at n = 8 where a vector loop's set-up (views, alias
+# checks) costs more than it saves. Both do the same operations in the same order (no
+# fused multiply-add), so a matrix gets the same bits either way.
+_VECTOR_MIN = 16
+
+
+@nb.njit(**_HELPER, inline="always")
+def _axpy(y, x, f, lo, hi):
+    """``y[i] -= x[i] * f`` for ``lo <= i < hi``, vectorized."""
+    ys = y[lo:hi]
+    xs = x[lo:hi]
+    for i in range(hi - lo):
+        ys[i] -= xs[i] * f
+
+
+@nb.njit(**_HELPER, inline="always")
+def _scale(y, r, lo, hi):
+    """``y[i] *= r`` for ``lo <= i < hi``, vectorized."""
+    ys = y[lo:hi]
+    for i in range(hi - lo):
+        ys[i] *= r
+
+
 @nb.njit(**_HELPER)
 def _cabs1(x):
     # LAPACK's i?amax measures complex entries as |re| + |im| (BLAS cabs1), not
@@ -94,11 +144,12 @@ def _getf2(a, piv, pivot):
     k = min(m, n)
     first_zero = 0
     for j in range(k):
+        col = a[j]  # column j of A, contiguous
         p = j
         if pivot:
-            best = _cabs1(a[j, j])
+            best = _cabs1(col[j])
             for i in range(j + 1, m):
-                v = _cabs1(a[j, i])
+                v = _cabs1(col[i])
                 if v > best:
                     best = v
                     p = i
@@ -108,19 +159,25 @@ def _getf2(a, piv, pivot):
                     a[c, j] = a[c, p]
                     a[c, p] = t
         piv[j] = p
-        d = a[j, j]
+        d = col[j]
+        short = m - j - 1 < _VECTOR_MIN
         if d == 0:
             if first_zero == 0:
                 first_zero = j + 1
-        else:
+        elif short:
             r = 1 / d
             for i in range(j + 1, m):
                 a[j, i] *= r
+        else:
+            _scale(col, 1 / d, j + 1, m)
         for c in range(j + 1, n):
             f = a[c, j]
             if f != 0:
-                for i in range(j + 1, m):
-                    a[c, i] -= a[j, i] * f
+                if short:
+                    for i in range(j + 1, m):
+                        a[c, i] -= a[j, i] * f
+                else:
+                    _axpy(a[c], col, f, j + 1, m)
     return first_zero
 
 
@@ -135,11 +192,6 @@ def _getrs(a, p, x, trans):
     ``?trsm`` does), so an infinite entry of ``LU`` meets no ``0 * inf``.
     """
     n, nrhs = x.shape
-    if nrhs == 1:
-        # One right-hand side: the same operations on a vector, without a row view per entry
-        # (those cost more than the arithmetic: 28x slower at 100 x 128 in the grid).
-        _getrs_vector(a, p, x[:, 0], trans)
-        return
     if trans == 0:
         for i in range(n):
             q = p[i]
@@ -160,7 +212,7 @@ def _getrs(a, p, x, trans):
             xj = x[j]
             d = a[j, j]
             for r in range(nrhs):
-                xj[r] /= d
+                xj[r] = _div(xj[r], d)
             for i in range(j):
                 uij = a[j, i]
                 xi = x[i]
@@ -178,7 +230,7 @@ def _getrs(a, p, x, trans):
                     xi[r] -= c * xj[r]
             d = np.conj(a[i, i]) if conj else a[i, i]
             for r in range(nrhs):
-                xi[r] = xi[r] / d
+                xi[r] = _div(xi[r], d)
         for i in range(n - 1, -1, -1):
             xi = x[i]
             for j in range(i + 1, n):
@@ -210,14 +262,20 @@ def _getrs_vector(a, p, x, trans):
         for j in range(n):
             xj = x[j]
             if xj != 0:
-                for i in range(j + 1, n):
-                    x[i] -= a[j, i] * xj
+                if n - j - 1 < _VECTOR_MIN:
+                    for i in range(j + 1, n):
+                        x[i] -= a[j, i] * xj
+                else:
+                    _axpy(x, a[j], xj, j + 1, n)
         for j in range(n - 1, -1, -1):
-            x[j] /= a[j, j]
+            x[j] = _div(x[j], a[j, j])
             xj = x[j]
             if xj != 0:
-                for i in range(j):
-                    x[i] -= a[j, i] * xj
+                if j < _VECTOR_MIN:
+                    for i in range(j):
+                        x[i] -= a[j, i] * xj
+                else:
+                    _axpy(x, a[j], xj, 0, j)
     else:
         conj = trans == 2
         for i in range(n):
@@ -226,7 +284,7 @@ def _getrs_vector(a, p, x, trans):
                 c = np.conj(a[i, j]) if conj else a[i, j]
                 acc -= c * x[j]
             d = np.conj(a[i, i]) if conj else a[i, i]
-            x[i] = acc / d
+            x[i] = _div(acc, d)
         for i in range(n - 1, -1, -1):
             acc = x[i]
             for j in range(i + 1, n):
@@ -241,6 +299,23 @@ def _getrs_vector(a, p, x, trans):
                 x[q] = t
 
 
+@nb.njit(**_HELPER)
+def _copy_factor(src, transposed, s, piv, info, b, pivot):
+    """Copy matrix ``b`` of ``src`` into ``s[b]`` and factor it there (see :func:`_getrf`)."""
+    a = s[b]
+    x = src[b]
+    n, m = a.shape
+    if transposed:
+        for i in range(m):
+            for c in range(n):
+                a[c, i] = x[i, c]
+    else:
+        for c in range(n):
+            for i in range(m):
+                a[c, i] = x[c, i]
+    info[b] = _getf2(a, piv[b], pivot)
+
+
 def _getrf(src, transposed, s, piv, info, pivot):
     """Copy each input matrix into fresh storage and factor it there: one pass
     over a matrix while it is in cache, one kernel launch per call.
@@ -250,26 +325,42 @@ def _getrf(src, transposed, s, piv, info, pivot):
     factorization in transposed storage, ``piv`` 0-based pivots, ``info``
     LAPACK's info.
     """
-    nbatch, n, m = s.shape
-    for b in nb.prange(nbatch):
-        a = s[b]
-        x = src[b]
-        if transposed:
-            for i in range(m):
-                for c in range(n):
-                    a[c, i] = x[i, c]
-        else:
-            for c in range(n):
-                for i in range(m):
-                    a[c, i] = x[c, i]
-        info[b] = _getf2(a, piv[b], pivot)
+    for b in nb.prange(s.shape[0]):
+        _copy_factor(src, transposed, s, piv, info, b, pivot)
+
+
+def _gesv(src, transposed, s, piv, info, lu_index, w, trans):
+    """``solve`` in one launch: :func:`_getrf` (pivoted) on every matrix, then
+    :func:`_getrs_batch` on every problem, with the same per-matrix helpers, so
+    the bits are those of ``lu_factor`` followed by ``lu_solve``."""
+    for b in nb.prange(s.shape[0]):
+        _copy_factor(src, transposed, s, piv, info, b, True)
+    nprob, n, nrhs = w.shape
+    if nrhs == 1:
+        v = w.reshape(nprob, n)
+        for t in nb.prange(nprob):
+            j = lu_index[t]
+            _getrs_vector(s[j], piv[j], v[t], trans)
+        return
+    for t in nb.prange(nprob):
+        j = lu_index[t]
+        _getrs(s[j], piv[j], w[t], trans)
 
 
 def _getrs_batch(s, piv, lu_index, w, trans):
     """Solve every problem in place on ``w[t]`` (``n x nrhs``, see :func:`_getrs`)
     with factorization ``lu_index[t]``, so a broadcast LU is read, never copied.
     ``trans`` is 0 (A), 1 (A^T) or 2 (A^H)."""
-    for t in nb.prange(w.shape[0]):
+    nprob, n, nrhs = w.shape
+    if nrhs == 1:
+        # One right-hand side: the same operations on contiguous vectors (a row view per entry
+        # costs more than the arithmetic, and a column view's loops do not vectorize).
+        v = w.reshape(nprob, n)
+        for t in nb.prange(nprob):
+            j = lu_index[t]
+            _getrs_vector(s[j], piv[j], v[t], trans)
+        return
+    for t in nb.prange(nprob):
         j = lu_index[t]
         _getrs(s[j], piv[j], w[t], trans)
 
@@ -396,6 +487,7 @@ def _unpack_small(src, lower, upper, unit_lower, piv, p_mat, want_data, want_p):
 
 getrf = Twin(_getrf)
 getrs = Twin(_getrs_batch)
+gesv = Twin(_gesv)
 split_triangles = Twin(_split_triangles)
 permutations = Twin(_permutations)
 scatter_permutation = Twin(_scatter_permutation)

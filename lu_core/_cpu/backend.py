@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from lu_core._batching import broadcast_index
 from lu_core._cpu import _kernels, _lapack, _tuning
 from lu_core._errors import DTypeError, PivotError
 from lu_core._layout import plan_split
@@ -199,6 +200,38 @@ class CpuBackend:
         if conj_io:
             np.conjugate(w3, out=w3)
         return w if kernel == left else w.swapaxes(-1, -2)
+
+    def solve_fused(
+        self, a: np.ndarray, b: np.ndarray, out_batch: tuple[int, ...], left: bool
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """``solve`` of small systems in one kernel launch (factor and solve fused): ``(X, info)``,
+        the bits of ``lu_factor_ex`` then ``lu_solve``; ``None`` where the kernels would not
+        both run (large ``n``, many right-hand sides, mixed dtypes), for the caller to compose."""
+        n = a.shape[-1]
+        rhs = b if left else b.swapaxes(-1, -2)
+        nrhs = rhs.shape[-1]
+        if (
+            a.dtype != b.dtype
+            or n > _tuning.FACTOR_KERNEL_MAX_N
+            or not (n <= _tuning.SOLVE_KERNEL_ALWAYS_N or n * nrhs <= _tuning.SOLVE_KERNEL_MAX_WORK)
+        ):
+            return None
+        batch = a.shape[:-2]
+        nb = math.prod(batch)
+        a3 = a.reshape(nb, n, n)
+        st = a3.swapaxes(1, 2)
+        transposed = not st.flags.c_contiguous
+        src = np.ascontiguousarray(a3) if transposed else st
+        s = np.empty((nb, n, n), dtype=a.dtype)
+        piv = np.empty((nb, n), dtype=np.int32)
+        info = np.zeros(nb, dtype=np.int32)
+        w = np.empty((*out_batch, n, nrhs), dtype=a.dtype)
+        np.copyto(w, rhs)
+        nprob = math.prod(out_batch)
+        index = broadcast_index(batch, out_batch)
+        work = nb * n * n * n + 2 * nprob * nrhs * n * n
+        _kernels.gesv(work, src, transposed, s, piv, info, index, w.reshape(nprob, n, nrhs), 0 if left else 1)
+        return (w if left else w.swapaxes(-1, -2)), info.reshape(batch)
 
     def pivots_to_permutation(self, piv0: np.ndarray, m: int) -> np.ndarray:
         perm = np.empty((piv0.shape[0], m), dtype=np.int32)

@@ -127,6 +127,12 @@ class GpuBackend:
         with lu.device:
             return _solve.lu_solve(lu, piv0, b, lu_index, out_batch, left, adjoint)
 
+    def solve_fused(
+        self, a: cp.ndarray, b: cp.ndarray, out_batch: tuple[int, ...], left: bool
+    ) -> tuple[cp.ndarray, cp.ndarray] | None:
+        # No fused path on the device: getrf then getrs (batched) already run without a sync between them.
+        return None
+
     def pivots_to_permutation(self, piv0: cp.ndarray, m: int) -> cp.ndarray:
         with piv0.device:
             return _pivots.permutations(piv0, m)

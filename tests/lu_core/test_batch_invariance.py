@@ -140,3 +140,24 @@ def test_nonfinite_entries_keep_bits_alone_and_batched(rng):
         assert _bits(LU1) == _bits(LU[i])
         assert _bits(piv1) == _bits(piv[i])
         assert _bits(lu_core.lu_solve(LU1, piv1, B[i])) == _bits(X[i])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 8, 16, 17, _tuning.FACTOR_KERNEL_MAX_N, _tuning.FACTOR_KERNEL_MAX_N + 1])
+def test_solve_equals_factor_then_solve(rng, dtype, n):
+    """``solve`` (one fused kernel for small systems) gives the bits of ``lu_factor`` then ``lu_solve``,
+    for matrices and vectors, ``left`` both ways, and a right-hand side batch broadcast over ``A``'s."""
+    A = well_conditioned(rng, (6, n, n), dtype)
+    B = _rhs(rng, (3, 6, n, 5), dtype)
+    LU, piv = lu_core.lu_factor(A)
+    cases = {
+        "matrix": (lu_core.solve(A, B[0]), lu_core.lu_solve(LU, piv, B[0])),
+        "vector": (lu_core.solve(A, B[0, ..., 0]), lu_core.lu_solve(LU, piv, B[0, ..., :1])[..., 0]),
+        "right": (
+            lu_core.solve(A, B[0].swapaxes(-1, -2), left=False),
+            lu_core.lu_solve(LU, piv, B[0].swapaxes(-1, -2), left=False),
+        ),
+        "broadcast": (lu_core.solve(A, B), lu_core.lu_solve(LU, piv, B)),
+    }
+    for name, (fused, composed) in cases.items():
+        assert _bits(fused) == _bits(composed), f"{name}: solve differs from lu_factor + lu_solve"

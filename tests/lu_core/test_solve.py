@@ -160,3 +160,24 @@ class TestSolve:
         with np.errstate(all="ignore"):
             X = lu_core.solve(A, np.ones((3, 3, 1)), check_errors=False)
         assert np.isfinite(X[0]).all() and not np.isfinite(X[1]).all()
+
+
+@pytest.mark.parametrize("dtype", [np.complex64, np.complex128, np.float32, np.float64])
+@pytest.mark.parametrize("n", [2, 24])
+def test_singular_factorization_solves_to_nonfinite_without_raising(dtype, n):
+    """An exact zero on U's diagonal gives infinities or NaNs, as LAPACK and PyTorch (check_errors=False)
+    do; Numba's complex division by zero would raise ZeroDivisionError, which must not escape."""
+    A = np.eye(n, dtype=dtype)
+    A[-1, -1] = 0
+    LU, piv, info = lu_core.lu_factor_ex(A)
+    assert int(info) == n
+    rhs = np.ones((n, 2), dtype)
+    for X in (
+        lu_core.lu_solve(LU, piv, rhs),
+        lu_core.lu_solve(LU, piv, rhs[:, :1]),
+        lu_core.lu_solve(LU, piv, rhs, adjoint=True),
+        lu_core.lu_solve(LU, piv, rhs.T, left=False),
+        lu_core.solve(A, rhs, check_errors=False),
+        lu_core.solve(A, rhs[:, 0], check_errors=False),
+    ):
+        assert not np.isfinite(X).all()
