@@ -67,8 +67,11 @@ def _is_cupy(x: Any) -> bool:
 
 def backend_for(*arrays: Any) -> Backend:
     """The backend that owns the data of ``arrays`` (``None`` entries are ignored)."""
-    if all(type(a) is np.ndarray for a in arrays):  # the common case, decided without imports
-        return _cpu()
+    for a in arrays:  # the common case (all NumPy), decided without imports (a loop: no generator's cost)
+        if type(a) is not np.ndarray:
+            break
+    else:
+        return _CPU if _CPU is not None else _cpu()
     present = [a for a in arrays if a is not None]
     on_gpu = [_is_cupy(a) for a in present]
     if any(on_gpu):

@@ -322,11 +322,14 @@ def _getrf(src, transposed, s, piv, info, pivot):
 
     ``src[b]`` is the matrix itself (C-ordered ``m x n``) when ``transposed``,
     else already in transposed storage (``n x m``); ``s`` receives the
-    factorization in transposed storage, ``piv`` 0-based pivots, ``info``
-    LAPACK's info.
+    factorization in transposed storage, ``piv`` LAPACK's 1-based pivots (the
+    one place out of the 0-based convention, saving a pass), ``info`` LAPACK's info.
     """
     for b in nb.prange(s.shape[0]):
         _copy_factor(src, transposed, s, piv, info, b, pivot)
+        p = piv[b]
+        for j in range(p.shape[0]):
+            p[j] += 1
 
 
 def _gesv(src, transposed, s, piv, info, lu_index, w, trans):

@@ -14,8 +14,8 @@ LAPACK read without copying. An LU given in another layout is converted once
 per distinct matrix, never once per broadcast problem.
 
 Pivot bases: outside, LAPACK's 1-based int32; inside, 0-based. ``check_pivots``
-converts in (``- 1``) and ``lu_factor_ex`` converts out (``+ 1``); nothing else
-touches the base.
+converts in (``- 1``); the factor kernel (or ``lu_factor_ex``, after LAPACK)
+converts out (``+ 1``); nothing else touches the base.
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ def _transposed_copy(a3: np.ndarray) -> np.ndarray:
     out = np.empty(st.shape, dtype=a3.dtype)
     _kernels.transpose_into(src.size, src, out)
     return out
+
+
+def _split(items: int, work: int) -> int:
+    """The work by which a kernel whose parallel loop runs over ``items`` (matrices or problems)
+    picks its twin: none with a single item, which the thread pool cannot split (waking it then
+    only costs; on a loaded machine, milliseconds)."""
+    return work if items > 1 else 0
 
 
 class CpuBackend:
@@ -110,14 +117,14 @@ class CpuBackend:
             s = _transposed_copy(a3)
             if nb and k:
                 _lapack.getrf(s, piv, info)
+                piv += 1  # 0-based -> LAPACK 1-based (the kernel below writes them 1-based)
         else:
             s = np.empty((nb, n, m), dtype=a.dtype)
             if nb and k:
                 st = a3.swapaxes(1, 2)
                 transposed = not st.flags.c_contiguous
                 src = np.ascontiguousarray(a3) if transposed else st
-                _kernels.getrf(nb * m * n * k, src, transposed, s, piv, info, pivot)
-        piv += 1  # 0-based -> LAPACK 1-based, the one place out
+                _kernels.getrf(_split(nb, nb * m * n * k), src, transposed, s, piv, info, pivot)
         lu = s.swapaxes(1, 2).reshape(*batch, m, n)
         return lu, piv.reshape(*batch, k), info.reshape(batch)
 
@@ -140,14 +147,14 @@ class CpuBackend:
         if max(m, n) <= _tuning.UNPACK_FUSED_MAX_N:
             pv = piv0 if piv0 is not None else _EMPTY_PIV
             _kernels.unpack_small(
-                work, plan.src, lower, upper, plan.unit_lower, pv, p_mat, unpack_data, piv0 is not None
+                _split(nb, work), plan.src, lower, upper, plan.unit_lower, pv, p_mat, unpack_data, piv0 is not None
             )
         else:
             if unpack_data:
                 _kernels.split_triangles(work, plan.src, lower, upper, plan.unit_lower)
             if piv0 is not None:
                 perm = np.empty((nb, m), dtype=np.int32)
-                _kernels.permutations(nb * m, piv0, m, perm)
+                _kernels.permutations(_split(nb, nb * m), piv0, m, perm)
                 _kernels.scatter_permutation(nb * m, perm, p_mat)
         P = p_mat.reshape(*batch, m, m) if piv0 is not None else None
         if not unpack_data:
@@ -194,7 +201,7 @@ class CpuBackend:
             np.conjugate(w3, out=w3)
         if w3.size:
             if kernel:
-                _kernels.getrs(2 * nprob * nrhs * n * n, s, piv0, lu_index, w3, trans)
+                _kernels.getrs(_split(nprob, 2 * nprob * nrhs * n * n), s, piv0, lu_index, w3, trans)
             else:
                 _lapack.getrs(s, piv0, lu_index, w3, trans)
         if conj_io:
@@ -230,18 +237,28 @@ class CpuBackend:
         nprob = math.prod(out_batch)
         index = broadcast_index(batch, out_batch)
         work = nb * n * n * n + 2 * nprob * nrhs * n * n
-        _kernels.gesv(work, src, transposed, s, piv, info, index, w.reshape(nprob, n, nrhs), 0 if left else 1)
+        _kernels.gesv(
+            _split(max(nb, nprob), work),
+            src,
+            transposed,
+            s,
+            piv,
+            info,
+            index,
+            w.reshape(nprob, n, nrhs),
+            0 if left else 1,
+        )
         return (w if left else w.swapaxes(-1, -2)), info.reshape(batch)
 
     def pivots_to_permutation(self, piv0: np.ndarray, m: int) -> np.ndarray:
         perm = np.empty((piv0.shape[0], m), dtype=np.int32)
-        _kernels.permutations(piv0.shape[0] * m, piv0, m, perm)
+        _kernels.permutations(_split(piv0.shape[0], piv0.shape[0] * m), piv0, m, perm)
         return perm
 
     def nonzero_info(self, info: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        flat = info.reshape(-1)
-        if not flat.any():
+        if not np.count_nonzero(info):  # the common case; ~4x cheaper than ndarray.any()
             return _NONE, _NONE
+        flat = info.reshape(-1)
         idx = np.flatnonzero(flat)
         return idx, flat[idx]
 
