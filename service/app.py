@@ -32,19 +32,27 @@ log = logging.getLogger("service")
 WARMUP_DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
 
 
+# (batch, n) of the warm-up's matrices: small batches take the kernels' serial twins, large ones
+# (past lu_core's PARALLEL_MIN_WORK) their parallel twins, which would otherwise be loaded or
+# compiled on the first large request; n = 4 unpacks in the fused kernel, n = 24 in the split ones.
+WARMUP_SHAPES = ((2, 4), (16384, 4), (2, 24), (1024, 24))
+
+
 def warm_up(device: Device) -> float:
-    """Run every operation once per dtype (JIT-compiles the CPU kernels, loads the GPU modules)."""
+    """Run every operation per dtype and kernel path (JIT-compiles the CPU kernels, loads the GPU modules)."""
     start = time.perf_counter()
     rng = np.random.default_rng(0)
     for dtype in WARMUP_DTYPES:
-        A = (rng.standard_normal((2, 4, 4)) + 4 * np.eye(4)).astype(dtype)
-        B = rng.standard_normal((2, 4, 1)).astype(dtype)
-        factored = device.run(OPERATIONS["lu_factor"].compute, {"A": A}, {"pivot": True})
-        lu, piv = factored["LU"], factored["pivots"]
-        device.run(OPERATIONS["lu_unpack"].compute, {"LU": lu, "pivots": piv}, dict(OPERATIONS["lu_unpack"].options))
-        solve_opts = dict(OPERATIONS["lu_solve"].options)
-        device.run(OPERATIONS["lu_solve"].compute, {"LU": lu, "pivots": piv, "B": B}, solve_opts)
-        device.run(OPERATIONS["solve"].compute, {"A": A, "B": B}, dict(OPERATIONS["solve"].options))
+        for batch, n in WARMUP_SHAPES:
+            A = (rng.standard_normal((batch, n, n)) + n * np.eye(n)).astype(dtype)
+            B = rng.standard_normal((batch, n, 1)).astype(dtype)
+            factored = device.run(OPERATIONS["lu_factor"].compute, {"A": A}, {"pivot": True})
+            lu, piv = factored["LU"], factored["pivots"]
+            unpack_opts = dict(OPERATIONS["lu_unpack"].options)
+            device.run(OPERATIONS["lu_unpack"].compute, {"LU": lu, "pivots": piv}, unpack_opts)
+            solve_opts = dict(OPERATIONS["lu_solve"].options)
+            device.run(OPERATIONS["lu_solve"].compute, {"LU": lu, "pivots": piv, "B": B}, solve_opts)
+            device.run(OPERATIONS["solve"].compute, {"A": A, "B": B}, dict(OPERATIONS["solve"].options))
     return time.perf_counter() - start
 
 
