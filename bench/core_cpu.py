@@ -235,7 +235,11 @@ def run(
     command = "python -m bench --suite core-cpu" + (" --quick" if quick else "")
     if tuple(dtypes) != DTYPES:
         command += " --dtypes " + " ".join(dtypes)
-    return _report(results, machine(), command, quick, out, progress)
+    facts = machine()
+    missing = [name for name, peer in (("PyTorch", torch), ("JAX", jx)) if peer is None]
+    if missing:  # said in the report itself: "best peer" then means the best of fewer contenders
+        facts["peers missing"] = ", ".join(missing) + " (not installed: pip install -e '.[bench]')"
+    return _report(results, facts, command, quick, out, progress)
 
 
 def _report(
