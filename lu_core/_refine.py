@@ -142,23 +142,26 @@ def _residual(xp: Any, a3: Any, idx: np.ndarray, rows: Any, b: Any, x: Any, iden
 def refine(
     be: Backend, a3: Any, bw: Any, idx: np.ndarray, low: np.dtype, max_iter: int, a_batch: tuple[int, ...]
 ) -> tuple[Any, np.ndarray, Any]:
-    """Refine ``a3[idx[t]] X[t] = bw[t]`` for every problem ``t``; ``(X, iterations, residual)``.
+    """Refine ``a3[idx[t]] X[t] = bw[t]`` for every problem ``t``; ``(X, iterations, backward_error)``.
 
-    ``a3`` is ``(nA, n, n)`` and ``bw`` ``(P, n, k)``, both in the working dtype. Small
-    systems on the CPU go to a fused kernel (one thread per system); the rest to the
-    batched loop below, written once for NumPy and CuPy.
+    ``a3`` is ``(nA, n, n)`` and ``bw`` ``(P, n, k)``, both in the working dtype. On the CPU,
+    ``lu_core._cpu._refine`` (a fused kernel for small systems, LAPACK for large ones); on
+    the GPU, the batched loop below, written for CuPy.
     """
     if be.name == "cpu":
-        from lu_core._cpu import _refine_kernels
+        from lu_core._cpu import _refine as cpu
 
-        if a3.shape[-1] <= _refine_kernels.REFINE_KERNEL_MAX_N:
-            with np.errstate(all="ignore"):
-                x, iterations, r = _refine_kernels.refine(a3, bw, idx, low, max_iter, _WIDE.get(a3.dtype, a3.dtype))
-                fb = np.flatnonzero(iterations < 0)
-                if fb.size:
-                    x, r = _fall_back(be, np, a3, bw, idx, fb, x, r, a_batch)
-            return x, iterations, r
-    return _refine_batched(be, a3, bw, idx, low, max_iter, a_batch)
+        with np.errstate(all="ignore"):
+            x, iterations, berr = cpu.refine(be, a3, bw, idx, low, max_iter)
+            fb = np.flatnonzero(iterations < 0)
+            if fb.size:
+                mats = np.unique(idx[fb])
+                r_fb = _fall_back(be, np, a3, bw, idx, fb, x, a_batch)
+                pos = np.searchsorted(mats, idx[fb])
+                berr[fb] = backward_errors(np, a3[mats], pos, bw[fb], x[fb], r_fb)
+        return x, iterations, berr
+    x, iterations, r = _refine_batched(be, a3, bw, idx, low, max_iter, a_batch)
+    return x, iterations, backward_errors(array_module(be), a3, idx, bw, x, r)
 
 
 def _refine_batched(
@@ -213,15 +216,16 @@ def _refine_batched(
         failed |= active  # not converged within max_iter steps
         fb = np.flatnonzero(failed)
         if fb.size:
-            x, r = _fall_back(be, xp, a3, bw, idx, fb, x, r, a_batch)
+            r[xp.asarray(fb)] = _fall_back(be, xp, a3, bw, idx, fb, x, a_batch)
             iterations[fb] = -1
     return x, iterations, r
 
 
 def _fall_back(
-    be: Backend, xp: Any, a3: Any, bw: Any, idx: np.ndarray, fb: np.ndarray, x: Any, r: Any, a_batch: tuple[int, ...]
-) -> tuple[Any, Any]:
-    """Solve problems ``fb`` again from a full-precision factorization (LAPACK's fallback)."""
+    be: Backend, xp: Any, a3: Any, bw: Any, idx: np.ndarray, fb: np.ndarray, x: Any, a_batch: tuple[int, ...]
+) -> Any:
+    """Solve problems ``fb`` again from a full-precision factorization (LAPACK's fallback), into
+    ``x``; returns their residual (working precision)."""
     n = a3.shape[-1]
     mats = np.unique(idx[fb])
     lu, piv, info = be.lu_factor_ex(a3[xp.asarray(mats)], True)
@@ -230,9 +234,9 @@ def _fall_back(
         raise SingularMatrixError("solve_refined", unravel(mats[bad], a_batch), to_host(info).reshape(-1)[bad].tolist())
     pos = np.searchsorted(mats, idx[fb])
     sel = xp.asarray(fb)
-    x[sel] = be.lu_solve(lu, be.check_pivots(piv, n), bw[sel], pos, (fb.size,), True, False)
-    r[sel] = _residual(xp, a3, idx, fb, bw[sel], x[sel], False, r.dtype)
-    return x, r
+    x_fb = be.lu_solve(lu, be.check_pivots(piv, n), bw[sel], pos, (fb.size,), True, False)
+    x[sel] = x_fb
+    return _residual(xp, a3, idx, fb, bw[sel], x_fb, False)
 
 
 def backward_errors(xp: Any, a3: Any, idx: np.ndarray, bw: Any, x: Any, r: Any) -> Any:
@@ -361,15 +365,14 @@ def _solve_left(
 
         if _irs.wanted(a3, low, P):
             x, iterations, r = _irs.refine(a3, bw, idx, low, steps, a_batch)
-            return _finish(xp, a3, idx, bw, x, r, iterations, out_batch)
-    x, iterations, r = refine(be, a3, bw, idx, low, steps, a_batch)  # type: ignore[arg-type]
-    return _finish(xp, a3, idx, bw, x, r, iterations, out_batch)
+            return _finish(xp, bw, x, backward_errors(xp, a3, idx, bw, x, r), iterations, out_batch)
+    x, iterations, berr = refine(be, a3, bw, idx, low, steps, a_batch)  # type: ignore[arg-type]
+    return _finish(xp, bw, x, berr, iterations, out_batch)
 
 
 def _finish(
-    xp: Any, a3: Any, idx: np.ndarray, bw: Any, x: Any, r: Any, iterations: np.ndarray, out_batch: tuple[int, ...]
+    xp: Any, bw: Any, x: Any, berr: Any, iterations: np.ndarray, out_batch: tuple[int, ...]
 ) -> tuple[Any, Any, Any]:
     n, k = bw.shape[-2:]
-    berr = backward_errors(xp, a3, idx, bw, x, r)
     its = iterations.reshape(out_batch) if xp is np else xp.asarray(iterations).reshape(out_batch)
     return x.reshape(*out_batch, n, k), its, berr.reshape(out_batch)

@@ -1,181 +1,360 @@
-"""A fused Numba kernel for ``solve_refined`` on batches of small systems.
+"""Numba kernels for ``solve_refined`` on the CPU (driven by ``lu_core._cpu._refine``).
 
-For small ``n`` the generic refinement loop (``lu_core._refine.refine``) spends
-its time in NumPy calls over the whole batch, a dozen per step. Here each
-system is refined start to finish by one thread, in the order of LAPACK's
-``dsgesv``: low-precision LU with partial pivoting, solve, then residual in the
-working precision, test, correct, until every column passes or ``max_iter``
-steps are done. Systems that do not converge (or whose low-precision factor is
-singular, overflows, or yields a non-finite residual) come back with
-``iterations = -1``; the caller solves them again in full precision with the
-backend's own factorization, so the fallback is bit for bit ``solve``'s.
+* :data:`refine_small`: a batch of small systems, each refined start to finish by one
+  thread in the order of LAPACK's ``dsgesv``: low-precision LU with partial pivoting,
+  solve, residual in the working precision, test, correct, until every column passes or
+  ``max_iter`` steps are done; then the backward error. A system that converged stops
+  there (no further work for it). The matrix, its low-precision LU and the iterates stay
+  in small per-thread buffers (cache resident), laid out so that every inner loop is a
+  contiguous ``y -= a * x`` with no reduction: LLVM vectorizes it (float32 eight wide
+  under AVX2) and, with fastmath off, the vector code rounds exactly like the scalar
+  code, so the bits never depend on the machine's vector width or on the batch.
+* :data:`cast_rows`: one pass over large matrices: the low-precision copy and the
+  absolute row sums (``||A||_inf``).
+* :data:`residual`: ``R = B - A X`` for large systems, a block of rows per task, with
+  no copy of ``A`` (``idx`` picks each problem's matrix).
 
-Each system's result depends only on its own data, never on the batch around it.
+Every kernel is a :class:`lu_core._cpu._kernels.Twin` (serial and parallel builds of
+one source; a call's total work alone picks the twin), and each system's or row's
+arithmetic is fixed by the code, never by the thread count or the batch around it: the
+service's dynamic batching relies on that (``tests/lu_core/test_batch_invariance.py``).
 """
 
 from __future__ import annotations
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic, overload
 
 from lu_core import _threads  # noqa: F401 - OpenMP settings before Numba starts its pool
+from lu_core._cpu._kernels import Twin
 
-#: Systems up to this ``n`` are refined by the fused kernel; larger ones by the generic loop.
+#: Systems up to this ``n`` are refined by the fused kernel; larger ones by LAPACK (``_cpu._refine``).
 REFINE_KERNEL_MAX_N = 32
 
-_JIT = {"nogil": True, "cache": True, "parallel": True, "error_model": "numpy"}
+#: Systems per task of the fused kernel: the per-thread buffers are allocated once per chunk.
+CHUNK = 32
+
+#: Rows per task of :data:`residual` and :data:`cast_rows`.
+ROW_BLOCK = 64
+
+_HELPER = {"nogil": True, "error_model": "numpy"}
 
 
-@nb.njit(nogil=True, cache=True, error_model="numpy")
-def _factor(lu, piv):
-    """Row-major LU with partial pivoting in place; False on an exactly zero pivot."""
-    n = lu.shape[0]
+@nb.njit(**_HELPER)
+def _mag(x):
+    # |re| + |im| (BLAS cabs1) picks the pivot, as LAPACK's i?amax; |x| for real x.
+    return abs(x.real) + abs(x.imag)
+
+
+#: Vector width (elements) of the fused kernel's inner operations.
+LANES = 8
+
+
+@intrinsic
+def _vaxpy(typingctx, y, yo, x, xo, f):
+    """``y[yo:yo+LANES] -= x[xo:xo+LANES] * f`` as one vector multiply and subtract (no FMA:
+    each lane rounds exactly as the scalar code would); ``y`` and ``x`` 1-D, one real dtype."""
+    if not (isinstance(y, types.Array) and isinstance(x, types.Array) and y.dtype == x.dtype):
+        return None
+    if not isinstance(y.dtype, types.Float):
+        return None
+    sig = types.void(y, types.intp, x, types.intp, y.dtype)
+
+    def codegen(context, builder, signature, args):
+        ya = context.make_array(signature.args[0])(context, builder, value=args[0])
+        xa = context.make_array(signature.args[2])(context, builder, value=args[2])
+        ety = context.get_value_type(signature.args[0].dtype)
+        align = context.get_abi_sizeof(ety)
+        vty = ir.VectorType(ety, LANES)
+        yp = builder.bitcast(builder.gep(ya.data, [args[1]]), vty.as_pointer())
+        xp = builder.bitcast(builder.gep(xa.data, [args[3]]), vty.as_pointer())
+        yv = builder.load(yp, align=align)
+        xv = builder.load(xp, align=align)
+        fv = builder.insert_element(ir.Constant(vty, ir.Undefined), args[4], ir.Constant(ir.IntType(32), 0))
+        mask = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+        fv = builder.shuffle_vector(fv, ir.Constant(vty, ir.Undefined), mask)
+        builder.store(builder.fsub(yv, builder.fmul(xv, fv)), yp, align=align)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _axpy(y, yo, x, xo, f, nblk):  # pragma: no cover - replaced by the overload below in compiled code
+    """``y[yo + i] -= x[xo + i] * f`` for ``i < nblk * LANES``."""
+    for i in range(nblk * LANES):
+        y[yo + i] -= x[xo + i] * f
+
+
+@overload(_axpy, jit_options=_HELPER)
+def _axpy_impl(y, yo, x, xo, f, nblk):
+    if isinstance(y.dtype, types.Float) and y.dtype == x.dtype:
+
+        def vector(y, yo, x, xo, f, nblk):
+            for blk in range(nblk):
+                _vaxpy(y, yo + blk * LANES, x, xo + blk * LANES, f)
+
+        return vector
+
+    def scalar(y, yo, x, xo, f, nblk):  # complex: LLVM's scalar code
+        for i in range(nblk * LANES):
+            y[yo + i] -= x[xo + i] * f
+
+    return scalar
+
+
+@nb.njit(**_HELPER)
+def _mag(x):
+    # |re| + |im| (BLAS cabs1) picks the pivot, as LAPACK's i?amax; |x| for real x.
+    return abs(x.real) + abs(x.imag)
+
+
+@nb.njit(**_HELPER)
+def _factor(lu, lb, diag, piv, n, np_):
+    """LU with partial pivoting of the ``n x n`` matrix ``M``, LINPACK's ``?gefa`` order.
+
+    Flat column-major storage with columns padded to ``np_`` (a multiple of LANES) rows:
+    ``lu[c * np_ + i] == M[i, c]``, padding zero. Row interchanges are applied to the
+    columns still to be eliminated only, and ``lb`` keeps each step's multipliers in the
+    rows they had then (zero elsewhere), so every update is whole vectors: the solve
+    interchanges as it goes (LINPACK's ``?gesl``). On return ``lu`` holds U's strictly
+    upper part (zero elsewhere) and ``diag`` its diagonal. False on an exactly zero pivot.
+    """
     for j in range(n):
+        cj = j * np_
         p = j
-        best = abs(lu[j, j])
+        best = _mag(lu[cj + j])
         for i in range(j + 1, n):
-            v = abs(lu[i, j])
+            v = _mag(lu[cj + i])
             if v > best:
                 best = v
                 p = i
         piv[j] = p
-        if lu[p, j] == 0:
+        if best == 0:
             return False
         if p != j:
-            for c in range(n):
-                t = lu[j, c]
-                lu[j, c] = lu[p, c]
-                lu[p, c] = t
-        d = lu[j, j]
+            for c in range(j, n):
+                t = lu[c * np_ + j]
+                lu[c * np_ + j] = lu[c * np_ + p]
+                lu[c * np_ + p] = t
+        d = lu[cj + j]
+        diag[j] = d
+        for i in range(j + 1):
+            lb[cj + i] = 0
         for i in range(j + 1, n):
-            f = lu[i, j] / d
-            lu[i, j] = f
-            for c in range(j + 1, n):
-                lu[i, c] -= f * lu[j, c]
+            lb[cj + i] = lu[cj + i] / d
+        for i in range(n, np_):
+            lb[cj + i] = 0
+        for i in range(j, n):
+            lu[cj + i] = 0
+        b0 = (j + 1) // LANES
+        nblk = np_ // LANES - b0
+        for c in range(j + 1, n):
+            f = lu[c * np_ + j]
+            if f != 0:
+                _axpy(lu, c * np_ + b0 * LANES, lb, cj + b0 * LANES, f, nblk)
     return True
 
 
-@nb.njit(nogil=True, cache=True, error_model="numpy")
-def _solve(lu, piv, d):
-    n = lu.shape[0]
+@nb.njit(**_HELPER)
+def _solve(lu, lb, diag, piv, d, n, np_):
+    """Solve ``M y = d`` in place with :func:`_factor`'s output (``d`` padded to ``np_``)."""
     for j in range(n):
-        p = piv[j]
-        if p != j:
+        q = piv[j]
+        if q != j:
             t = d[j]
-            d[j] = d[p]
-            d[p] = t
-    for i in range(n):
-        s = d[i]
-        for j in range(i):
-            s -= lu[i, j] * d[j]
-        d[i] = s
-    for i in range(n - 1, -1, -1):
-        s = d[i]
-        for j in range(i + 1, n):
-            s -= lu[i, j] * d[j]
-        d[i] = s / lu[i, i]
+            d[j] = d[q]
+            d[q] = t
+        dj = d[j]
+        if dj != 0:
+            b0 = (j + 1) // LANES
+            _axpy(d, b0 * LANES, lb, j * np_ + b0 * LANES, dj, np_ // LANES - b0)
+    for j in range(n - 1, -1, -1):
+        d[j] /= diag[j]
+        dj = d[j]
+        if dj != 0:
+            _axpy(d, 0, lu, j * np_, dj, (j + LANES - 1) // LANES)
 
 
-@nb.njit(**_JIT)
-def refine_small(a, idx, b, x, r, rw, iters, low, max_iter, eps, low_max):
-    """Refine ``a[idx[t]] x[t] = b[t]`` for every ``t``; ``low`` is an empty array of the factor dtype.
+@nb.njit(**_HELPER)
+def _max_abs(v, lo, n):
+    """``max |v[lo:lo+n]|``; a NaN sticks (``max`` would drop it)."""
+    m = 0.0
+    for i in range(lo, lo + n):
+        w = abs(v[i])
+        if w > m or w != w:
+            m = w
+    return m
 
-    ``x``, ``r`` (the residual, working precision) and ``rw`` (the final residual computed in
-    ``rw``'s precision, double for single-precision input: the backward error's) are written;
-    ``iters[t]`` is the steps taken or -1.
-    """
+
+def _refine_small(a, idx, b, x, iters, berr, low, wide, max_iter, eps, low_max, rewiden):
+    """Refine ``a[idx[t]] x[t] = b[t]`` for every ``t`` (``a`` is ``(nA, n, n)``, ``b`` and ``x``
+    ``(P, n, k)``, C-contiguous, working dtype); ``low`` and ``wide`` are one-element arrays of
+    the factor dtype and of the backward error's residual dtype. Writes ``x``, ``iters[t]``
+    (steps taken, or -1 where the caller must fall back) and ``berr[t]`` (for ``iters >= 0``).
+    ``rewiden``: recompute the final residual in ``wide`` (single-precision input)."""
     nprob, n, k = b.shape
+    np_ = (n + LANES - 1) // LANES * LANES
+    nb_ = np_ // LANES
     scale = np.sqrt(n) * eps
-    for t in nb.prange(nprob):
-        A = a[idx[t]]
-        B = b[t]
-        X = x[t]
-        R = r[t]
-        lu = np.empty((n, n), dtype=low.dtype)
-        piv = np.empty(n, dtype=np.int64)
-        d = np.empty(n, dtype=low.dtype)
-        anorm = 0.0
-        ok = True
-        for i in range(n):
-            s = 0.0
-            for j in range(n):
-                s += abs(A[i, j])
-                lu[i, j] = A[i, j]
-            if not np.isfinite(s):
-                ok = False
-            elif s > anorm:
-                anorm = s
-        if anorm > low_max:
-            ok = False  # the low-precision copy overflowed
-        for i in range(n):
-            for c in range(k):
-                X[i, c] = 0
-                R[i, c] = B[i, c]
-        steps = -1
-        if ok and _factor(lu, piv):
-            for step in range(max_iter + 1):
-                for c in range(k):
-                    for i in range(n):
-                        d[i] = R[i, c]
-                    _solve(lu, piv, d)
-                    for i in range(n):
-                        X[i, c] += d[i]
-                for i in range(n):
-                    for c in range(k):
-                        acc = B[i, c]
-                        for j in range(n):
-                            acc -= A[i, j] * X[j, c]
-                        R[i, c] = acc
-                converged = True
-                finite = True
-                for c in range(k):
-                    rn = 0.0
-                    xn = 0.0
-                    for i in range(n):
-                        v, w = abs(R[i, c]), abs(X[i, c])
-                        if v > rn or v != v:  # NaN sticks (max() would drop it)
-                            rn = v
-                        if w > xn or w != w:
-                            xn = w
-                    if not np.isfinite(rn):
-                        finite = False
-                    if not rn <= xn * anorm * scale:
-                        converged = False
-                if not finite:
-                    break
-                if converged:
-                    steps = step
-                    break
-        # The final residual again, in rw's precision (operands widened before the products).
-        RW = rw[t]
-        xw = np.empty(n, dtype=rw.dtype)
-        aw = np.empty(n, dtype=rw.dtype)
-        for c in range(k):
-            for j in range(n):
-                xw[j] = X[j, c]
+    nchunks = (nprob + CHUNK - 1) // CHUNK
+    for ch in nb.prange(nchunks):
+        lu = np.zeros(n * np_, dtype=low.dtype)  # the low-precision factors (see _factor)
+        lb = np.zeros(n * np_, dtype=low.dtype)
+        diag = np.empty(n, dtype=low.dtype)
+        aw = np.zeros(n * np_, dtype=a.dtype)  # aw[j * np_ + i] == A[i, j], padding zero
+        piv = np.empty(n, dtype=np.intp)
+        d = np.zeros(np_, dtype=low.dtype)
+        xl = np.zeros(k * np_, dtype=a.dtype)  # column c of X at xl[c * np_:], padding zero
+        rl = np.zeros(k * np_, dtype=a.dtype)
+        rw = np.empty(n, dtype=wide.dtype)
+        xw = np.empty(n, dtype=wide.dtype)
+        xn = np.empty(k, dtype=np.float64)
+        for t in range(ch * CHUNK, min(nprob, (ch + 1) * CHUNK)):
+            A = a[idx[t]]
+            B = b[t]
+            anorm = 0.0
+            ok = True
             for i in range(n):
+                s = 0.0
                 for j in range(n):
-                    aw[j] = A[i, j]
-                RW[i, c] = B[i, c]
-                acc = RW[i, c]
-                for j in range(n):
-                    acc -= aw[j] * xw[j]
-                RW[i, c] = acc
-        iters[t] = steps
+                    v = A[i, j]
+                    aw[j * np_ + i] = v
+                    lu[j * np_ + i] = v
+                    s += abs(v)
+                if not np.isfinite(s):
+                    ok = False
+                elif s > anorm:
+                    anorm = s
+            for j in range(n):
+                for i in range(n, np_):
+                    lu[j * np_ + i] = 0
+            if anorm > low_max:
+                ok = False  # the low-precision copy overflowed
+            for c in range(k):
+                for i in range(n):
+                    xl[c * np_ + i] = 0
+                    rl[c * np_ + i] = B[i, c]  # the residual of X = 0
+            steps = -1
+            if ok and _factor(lu, lb, diag, piv, n, np_):
+                for step in range(max_iter + 1):
+                    converged = True
+                    finite = True
+                    for c in range(k):
+                        co = c * np_
+                        for i in range(n):
+                            d[i] = rl[co + i]
+                        for i in range(n, np_):
+                            d[i] = 0
+                        _solve(lu, lb, diag, piv, d, n, np_)
+                        for i in range(n):
+                            xl[co + i] += d[i]
+                        for i in range(n):
+                            rl[co + i] = B[i, c]
+                        for i in range(n, np_):
+                            rl[co + i] = 0
+                        for j in range(n):
+                            _axpy(rl, co, aw, j * np_, xl[co + j], nb_)
+                        rn = _max_abs(rl, co, n)
+                        xn[c] = _max_abs(xl, co, n)
+                        if not np.isfinite(rn):
+                            finite = False
+                        if not rn <= xn[c] * anorm * scale:
+                            converged = False
+                    if not finite:
+                        break
+                    if converged:
+                        steps = step
+                        break
+            X = x[t]
+            for c in range(k):
+                for i in range(n):
+                    X[i, c] = xl[c * np_ + i]
+            iters[t] = steps
+            if steps < 0:
+                berr[t] = np.nan  # the caller's fallback recomputes it
+                continue
+            # The backward error max_c ||r_c|| / (||A|| ||x_c|| + ||b_c||) of the returned X.
+            worst = 0.0
+            for c in range(k):
+                if rewiden:  # the final residual again in wide precision
+                    for i in range(n):
+                        rw[i] = B[i, c]
+                        xw[i] = xl[c * np_ + i]
+                    for j in range(n):
+                        xj = xw[j]
+                        for i in range(n):
+                            rw[i] -= aw[j * np_ + i] * xj
+                    rn = _max_abs(rw, 0, n)
+                else:
+                    rn = _max_abs(rl, c * np_, n)
+                bn = 0.0
+                for i in range(n):
+                    w = abs(B[i, c])
+                    if w > bn or w != w:
+                        bn = w
+                ratio = 0.0 if rn == 0 else rn / (anorm * xn[c] + bn)
+                if ratio > worst or ratio != ratio:
+                    worst = ratio
+            berr[t] = worst
 
 
-def refine(
-    a3: np.ndarray, bw: np.ndarray, idx: np.ndarray, low: np.dtype, max_iter: int, wide: np.dtype
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(X, iterations, residual in wide)``; iterations -1 where the caller must fall back."""
-    from lu_core._cpu.backend import _kernel_lock  # one parallel Numba region at a time
+def _cast_rows(a, out, rowsum):
+    """``out = a`` in ``out``'s dtype and ``rowsum[b, i] = sum_j |a[b, i, j]|`` (float64), one pass."""
+    nA, n, _ = a.shape
+    nblk = (n + ROW_BLOCK - 1) // ROW_BLOCK
+    for task in nb.prange(nA * nblk):
+        m = task // nblk
+        lo = (task % nblk) * ROW_BLOCK
+        src = a[m]
+        dst = out[m]
+        for i in range(lo, min(n, lo + ROW_BLOCK)):
+            # Four running sums in a fixed order (vectorizable, the same bits on every machine).
+            s0 = s1 = s2 = s3 = 0.0
+            q = n // 4
+            for jj in range(q):
+                j = 4 * jj
+                v0, v1, v2, v3 = src[i, j], src[i, j + 1], src[i, j + 2], src[i, j + 3]
+                dst[i, j], dst[i, j + 1], dst[i, j + 2], dst[i, j + 3] = v0, v1, v2, v3
+                s0 += abs(v0)
+                s1 += abs(v1)
+                s2 += abs(v2)
+                s3 += abs(v3)
+            for j in range(4 * q, n):
+                v = src[i, j]
+                dst[i, j] = v
+                s0 += abs(v)
+            rowsum[m, i] = (s0 + s1) + (s2 + s3)
 
-    x = np.empty_like(bw)
-    r = np.empty_like(bw)
-    rw = np.empty(bw.shape, wide)
-    iters = np.empty(bw.shape[0], np.int32)
-    a = np.ascontiguousarray(a3)
-    eps = float(np.finfo(a3.dtype).eps)
-    with _kernel_lock:
-        refine_small(a, idx, bw, x, r, rw, iters, np.empty(0, low), max_iter, eps, float(np.finfo(low).max))
-    return x, iters, rw
+
+def _residual(a, idx, bt, xt, rt, zero):
+    """``rt[t, c, :] = bt[t, c, :] - a[idx[t]] @ xt[t, c, :]`` for every problem ``t`` and column
+    ``c`` (right-hand sides stored transposed, ``(P, k, n)``); ``xt``'s and ``rt``'s dtype sets the
+    precision, ``zero`` is a one-element array of it."""
+    nprob, k, n = bt.shape
+    nblk = (n + ROW_BLOCK - 1) // ROW_BLOCK
+    for task in nb.prange(nprob * nblk):
+        t = task // nblk
+        lo = (task % nblk) * ROW_BLOCK
+        A = a[idx[t]]
+        q = n // 4
+        for c in range(k):
+            x = xt[t, c]
+            for i in range(lo, min(n, lo + ROW_BLOCK)):
+                s0 = s1 = s2 = s3 = zero[0]
+                for jj in range(q):
+                    j = 4 * jj
+                    s0 += A[i, j] * x[j]
+                    s1 += A[i, j + 1] * x[j + 1]
+                    s2 += A[i, j + 2] * x[j + 2]
+                    s3 += A[i, j + 3] * x[j + 3]
+                for j in range(4 * q, n):
+                    s0 += A[i, j] * x[j]
+                rt[t, c, i] = bt[t, c, i] - ((s0 + s1) + (s2 + s3))
+
+
+refine_small = Twin(_refine_small)
+cast_rows = Twin(_cast_rows)
+residual = Twin(_residual)
