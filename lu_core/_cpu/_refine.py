@@ -77,6 +77,7 @@ def _small(
         iters,
         berr,
         np.zeros(1, low),
+        np.zeros(1, np.finfo(low).dtype),
         np.zeros(1, wide),
         max_iter,
         float(np.finfo(dtype).eps),

@@ -53,6 +53,126 @@ def _mag(x):
 LANES = 8
 
 
+def _real_arrays(*arrays):
+    """Whether the intrinsics below apply: 1-D arrays of one real dtype."""
+    first = arrays[0]
+    return all(isinstance(v, types.Array) and v.dtype == first.dtype for v in arrays) and isinstance(
+        first.dtype, types.Float
+    )
+
+
+def _vector_ptr(context, builder, aryty, ary, offset):
+    data = context.make_array(aryty)(context, builder, value=ary).data
+    ety = context.get_value_type(aryty.dtype)
+    return builder.bitcast(builder.gep(data, [offset]), ir.VectorType(ety, LANES).as_pointer())
+
+
+def _load(context, builder, ptr, aryty):
+    return builder.load(ptr, align=context.get_abi_sizeof(context.get_value_type(aryty.dtype)))
+
+
+def _splat(builder, value):
+    vty = ir.VectorType(value.type, LANES)
+    v = builder.insert_element(ir.Constant(vty, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), LANES), [0] * LANES)
+    return builder.shuffle_vector(v, ir.Constant(vty, ir.Undefined), mask)
+
+
+@intrinsic
+def _vaxpy(typingctx, y, yo, x, xo, f):
+    """``y[yo:yo+LANES] -= x[xo:xo+LANES] * f`` as one vector multiply and subtract (no FMA:
+    each lane rounds exactly as the scalar code would)."""
+    if not _real_arrays(y, x):
+        return None
+    sig = types.void(y, types.intp, x, types.intp, y.dtype)
+
+    def codegen(context, builder, signature, args):
+        ty = signature.args[0]
+        yp = _vector_ptr(context, builder, ty, args[0], args[1])
+        xv = _load(context, builder, _vector_ptr(context, builder, ty, args[2], args[3]), ty)
+        yv = _load(context, builder, yp, ty)
+        out = builder.fsub(yv, builder.fmul(xv, _splat(builder, args[4])))
+        builder.store(out, yp, align=context.get_abi_sizeof(context.get_value_type(ty.dtype)))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _vscale(typingctx, y, yo, x, xo, s, m, mo):
+    """``y[yo:yo+LANES] = (x[xo:xo+LANES] / s) * m[mo:mo+LANES]``, lane by lane."""
+    if not _real_arrays(y, x, m):
+        return None
+    sig = types.void(y, types.intp, x, types.intp, y.dtype, m, types.intp)
+
+    def codegen(context, builder, signature, args):
+        ty = signature.args[0]
+        yp = _vector_ptr(context, builder, ty, args[0], args[1])
+        xv = _load(context, builder, _vector_ptr(context, builder, ty, args[2], args[3]), ty)
+        mv = _load(context, builder, _vector_ptr(context, builder, ty, args[5], args[6]), ty)
+        out = builder.fmul(builder.fdiv(xv, _splat(builder, args[4])), mv)
+        builder.store(out, yp, align=context.get_abi_sizeof(context.get_value_type(ty.dtype)))
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+def _axpy(y, yo, x, xo, f, nblk):  # pragma: no cover - compiled code calls the overload below
+    """``y[yo + i] -= x[xo + i] * f`` for ``i < nblk * LANES``."""
+    for i in range(nblk * LANES):
+        y[yo + i] -= x[xo + i] * f
+
+
+@overload(_axpy, jit_options=_HELPER)
+def _axpy_impl(y, yo, x, xo, f, nblk):
+    if _real_arrays(y, x):
+
+        def vector(y, yo, x, xo, f, nblk):
+            for blk in range(nblk):
+                _vaxpy(y, yo + blk * LANES, x, xo + blk * LANES, f)
+
+        return vector
+
+    def scalar(y, yo, x, xo, f, nblk):  # complex: LLVM's scalar code
+        for i in range(nblk * LANES):
+            y[yo + i] -= x[xo + i] * f
+
+    return scalar
+
+
+def _scale(y, yo, x, xo, s, m, nblk):  # pragma: no cover - compiled code calls the overload below
+    """``y[yo + i] = (x[xo + i] / s) * m[i]`` for ``i < nblk * LANES``."""
+    for i in range(nblk * LANES):
+        y[yo + i] = (x[xo + i] / s) * m[i]
+
+
+@overload(_scale, jit_options=_HELPER)
+def _scale_impl(y, yo, x, xo, s, m, nblk):
+    if _real_arrays(y, x, m):
+
+        def vector(y, yo, x, xo, s, m, nblk):
+            for blk in range(nblk):
+                _vscale(y, yo + blk * LANES, x, xo + blk * LANES, s, m, blk * LANES)
+
+        return vector
+
+    def scalar(y, yo, x, xo, s, m, nblk):
+        for i in range(nblk * LANES):
+            y[yo + i] = (x[xo + i] / s) * m[i]
+
+    return scalar
+
+
+@nb.njit(**_HELPER)
+def _mag(x):
+    # |re| + |im| (BLAS cabs1) picks the pivot, as LAPACK's i?amax; |x| for real x.
+    return abs(x.real) + abs(x.imag)
+
+
+#: Vector width (elements) of the fused kernel's inner operations.
+LANES = 8
+
+
 @intrinsic
 def _vaxpy(typingctx, y, yo, x, xo, f):
     """``y[yo:yo+LANES] -= x[xo:xo+LANES] * f`` as one vector multiply and subtract (no FMA:
@@ -112,70 +232,78 @@ def _mag(x):
 
 
 @nb.njit(**_HELPER)
-def _factor(lu, lb, diag, piv, n, np_):
-    """LU with partial pivoting of the ``n x n`` matrix ``M``, LINPACK's ``?gefa`` order.
+def _factor(lu, lb, ub, rdiag, perm, rem, done, n, np_):
+    """LU with partial pivoting of the ``n x n`` matrix ``M`` without moving any row.
 
     Flat column-major storage with columns padded to ``np_`` (a multiple of LANES) rows:
-    ``lu[c * np_ + i] == M[i, c]``, padding zero. Row interchanges are applied to the
-    columns still to be eliminated only, and ``lb`` keeps each step's multipliers in the
-    rows they had then (zero elsewhere), so every update is whole vectors: the solve
-    interchanges as it goes (LINPACK's ``?gesl``). On return ``lu`` holds U's strictly
-    upper part (zero elsewhere) and ``diag`` its diagonal. False on an exactly zero pivot.
+    ``lu[c * np_ + r] == M[r, c]``, padding zero. Step ``j`` picks the pivot row ``perm[j]``
+    among the rows not yet used (``rem``: 1, else 0; ``done`` the converse, both with the
+    element type of the masks) and updates every later column as whole vectors with
+    multipliers that are zero on the rows already used. Row swaps would break the vectors
+    into scalar stores (and stall the vector loads after them), so there are none: ``lb``
+    column ``j`` holds step ``j``'s multipliers, ``ub`` column ``j`` U's column ``j`` above the
+    diagonal, both in the rows' own places (zero elsewhere), ``rdiag`` the reciprocals of
+    U's diagonal. All of
+    it is ``dgetf2``'s arithmetic, rows only named by ``perm`` instead of swapped; with
+    fastmath off the vector lanes round as the scalar code would. False on an exactly
+    zero (or NaN) pivot column.
     """
+    nblk = np_ // LANES
+    for r in range(np_):
+        rem[r] = 1 if r < n else 0
+        done[r] = 0
     for j in range(n):
         cj = j * np_
-        p = j
-        best = _mag(lu[cj + j])
-        for i in range(j + 1, n):
-            v = _mag(lu[cj + i])
-            if v > best:
-                best = v
-                p = i
-        piv[j] = p
-        if best == 0:
+        p = -1
+        best = 0.0
+        for r in range(n):
+            # Branch-free (selects, not jumps): the used rows weigh 0 and never win; the first
+            # largest wins, as in LAPACK's i?amax.
+            v = _mag(lu[cj + r]) * rem[r]
+            better = v > best
+            best = v if better else best
+            p = r if better else p
+        if p < 0:
             return False
-        if p != j:
-            for c in range(j, n):
-                t = lu[c * np_ + j]
-                lu[c * np_ + j] = lu[c * np_ + p]
-                lu[c * np_ + p] = t
-        d = lu[cj + j]
-        diag[j] = d
-        for i in range(j + 1):
-            lb[cj + i] = 0
-        for i in range(j + 1, n):
-            lb[cj + i] = lu[cj + i] / d
-        for i in range(n, np_):
-            lb[cj + i] = 0
-        for i in range(j, n):
-            lu[cj + i] = 0
-        b0 = (j + 1) // LANES
-        nblk = np_ // LANES - b0
+        perm[j] = p
+        d = lu[cj + p]
+        rdiag[j] = 1 / d  # the solves multiply by U's reciprocal diagonal
+        _scale(ub, cj, lu, cj, 1, done, nblk)  # U's column j: the rows used so far
+        rem[p] = 0
+        done[p] = 1
+        _scale(lb, cj, lu, cj, d, rem, nblk)  # the multipliers of the rows still to use
         for c in range(j + 1, n):
-            f = lu[c * np_ + j]
+            f = lu[c * np_ + p]
             if f != 0:
-                _axpy(lu, c * np_ + b0 * LANES, lb, cj + b0 * LANES, f, nblk)
+                _axpy(lu, c * np_, lb, cj, f, nblk)
     return True
 
 
 @nb.njit(**_HELPER)
-def _solve(lu, lb, diag, piv, d, n, np_):
-    """Solve ``M y = d`` in place with :func:`_factor`'s output (``d`` padded to ``np_``)."""
+def _solve(lb, ub, rdiag, perm, d, out, n, np_):
+    """Solve ``M y = d`` with :func:`_factor`'s output: ``d`` (padded to ``np_``) is consumed,
+    ``y`` written to ``out``.
+
+    The next step's pivot entry is computed as a scalar beside the vector update (the same
+    multiply and subtract as its lane, so the same bits), which keeps the chain from one
+    step to the next in registers instead of through a store and a reload.
+    """
+    nblk = np_ // LANES
+    cur = d[perm[0]]
     for j in range(n):
-        q = piv[j]
-        if q != j:
-            t = d[j]
-            d[j] = d[q]
-            d[q] = t
-        dj = d[j]
-        if dj != 0:
-            b0 = (j + 1) // LANES
-            _axpy(d, b0 * LANES, lb, j * np_ + b0 * LANES, dj, np_ // LANES - b0)
+        yj = cur
+        if j + 1 < n:
+            q = perm[j + 1]
+            cur = d[q] - lb[j * np_ + q] * yj
+        _axpy(d, 0, lb, j * np_, yj, nblk)
+    cur = d[perm[n - 1]]
     for j in range(n - 1, -1, -1):
-        d[j] /= diag[j]
-        dj = d[j]
-        if dj != 0:
-            _axpy(d, 0, lu, j * np_, dj, (j + LANES - 1) // LANES)
+        xj = cur * rdiag[j]
+        out[j] = xj
+        if j > 0:
+            q = perm[j - 1]
+            cur = d[q] - ub[j * np_ + q] * xj
+        _axpy(d, 0, ub, j * np_, xj, nblk)
 
 
 @nb.njit(**_HELPER)
@@ -189,10 +317,10 @@ def _max_abs(v, lo, n):
     return m
 
 
-def _refine_small(a, idx, b, x, iters, berr, low, wide, max_iter, eps, low_max, rewiden):
+def _refine_small(a, idx, b, x, iters, berr, low, lowr, wide, max_iter, eps, low_max, rewiden):
     """Refine ``a[idx[t]] x[t] = b[t]`` for every ``t`` (``a`` is ``(nA, n, n)``, ``b`` and ``x``
-    ``(P, n, k)``, C-contiguous, working dtype); ``low`` and ``wide`` are one-element arrays of
-    the factor dtype and of the backward error's residual dtype. Writes ``x``, ``iters[t]``
+    ``(P, n, k)``, C-contiguous, working dtype); ``low``, ``lowr`` and ``wide`` are one-element
+    arrays of the factor dtype, its real dtype and the backward error's residual dtype. Writes ``x``, ``iters[t]``
     (steps taken, or -1 where the caller must fall back) and ``berr[t]`` (for ``iters >= 0``).
     ``rewiden``: recompute the final residual in ``wide`` (single-precision input)."""
     nprob, n, k = b.shape
@@ -203,10 +331,14 @@ def _refine_small(a, idx, b, x, iters, berr, low, wide, max_iter, eps, low_max, 
     for ch in nb.prange(nchunks):
         lu = np.zeros(n * np_, dtype=low.dtype)  # the low-precision factors (see _factor)
         lb = np.zeros(n * np_, dtype=low.dtype)
+        ub = np.zeros(n * np_, dtype=low.dtype)
         diag = np.empty(n, dtype=low.dtype)
+        rem = np.zeros(np_, dtype=lowr.dtype)
+        done = np.zeros(np_, dtype=lowr.dtype)
         aw = np.zeros(n * np_, dtype=a.dtype)  # aw[j * np_ + i] == A[i, j], padding zero
-        piv = np.empty(n, dtype=np.intp)
+        perm = np.empty(n, dtype=np.intp)
         d = np.zeros(np_, dtype=low.dtype)
+        y = np.zeros(np_, dtype=low.dtype)
         xl = np.zeros(k * np_, dtype=a.dtype)  # column c of X at xl[c * np_:], padding zero
         rl = np.zeros(k * np_, dtype=a.dtype)
         rw = np.empty(n, dtype=wide.dtype)
@@ -238,7 +370,7 @@ def _refine_small(a, idx, b, x, iters, berr, low, wide, max_iter, eps, low_max, 
                     xl[c * np_ + i] = 0
                     rl[c * np_ + i] = B[i, c]  # the residual of X = 0
             steps = -1
-            if ok and _factor(lu, lb, diag, piv, n, np_):
+            if ok and _factor(lu, lb, ub, diag, perm, rem, done, n, np_):
                 for step in range(max_iter + 1):
                     converged = True
                     finite = True
@@ -248,9 +380,9 @@ def _refine_small(a, idx, b, x, iters, berr, low, wide, max_iter, eps, low_max, 
                             d[i] = rl[co + i]
                         for i in range(n, np_):
                             d[i] = 0
-                        _solve(lu, lb, diag, piv, d, n, np_)
+                        _solve(lb, ub, diag, perm, d, y, n, np_)
                         for i in range(n):
-                            xl[co + i] += d[i]
+                            xl[co + i] += y[i]
                         for i in range(n):
                             rl[co + i] = B[i, c]
                         for i in range(n, np_):
