@@ -23,7 +23,12 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-NEEDS = ["fastapi", "uvicorn[standard]", "pydantic", "pydantic-settings", "orjson", "tritonclient[http]"]
+# nvmath-python (solve_refined's cuSOLVER IRS) without its cu13 extra: the device has CUDA 13's
+# libraries already (cuda-toolkit, nvidia-cusolver), and the extra would add cuTENSOR and cuDSS
+# wheels far beyond the 64 MiB the checkout may carry.
+NEEDS = [
+    "fastapi", "uvicorn[standard]", "pydantic", "pydantic-settings", "orjson", "tritonclient[http]", "nvmath-python",
+]  # fmt: skip
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (17, 24, 27, 28, 31, 34, 35)] + ["manylinux2014_x86_64"]
 # What the device machines' image holds (KINDS.md of the device tool, read 2026-11-17).
 DEVICE_HAS = """absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
