@@ -2,8 +2,9 @@
 
 The loop is LAPACK's ``dsgesv``/``zcgesv``, run on a whole batch at once:
 
-1. factor ``A`` in ``factor_dtype`` (float32 for float64 input) with the backend's
-   batched ``lu_factor_ex``;
+1. factor ``A`` in ``factor_dtype`` (float32 for float64 input): on the GPU with the
+   backend's batched ``lu_factor_ex``; on the CPU see ``lu_core._cpu._refine`` (a fused
+   kernel for n <= 32, LAPACK ``sgetrf`` on the C-ordered float32 copy, i.e. ``A^T``, above);
 2. ``X = solve(LU_low, B)``; then repeatedly ``R = B - A X`` in ``A``'s precision
    (one batched matrix product), stop where every column has
    ``||r||_inf <= sqrt(n) * eps * ||A||_inf * ||x||_inf``, else
