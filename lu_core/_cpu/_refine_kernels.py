@@ -310,11 +310,12 @@ def _solve(lb, ub, rdiag, perm, d, out, n, np_):
 def _max_abs(v, lo, n):
     """``max |v[lo:lo+n]|``; a NaN sticks (``max`` would drop it)."""
     m = 0.0
+    nan = False
     for i in range(lo, lo + n):
         w = abs(v[i])
-        if w > m or w != w:
-            m = w
-    return m
+        m = w if w > m else m  # a select, not a jump: the comparisons are data dependent
+        nan |= w != w
+    return np.nan if nan else m
 
 
 def _refine_small(a, idx, b, x, iters, berr, low, lowr, wide, max_iter, eps, low_max, rewiden):
