@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 
 import lu_core
+from lu_core._cpu import _tuning
 from tests.helpers import DTYPES, random_matrix, well_conditioned
 
 WIDE = {np.dtype(np.float32): np.float64, np.dtype(np.complex64): np.complex128}
@@ -244,3 +248,44 @@ def test_unaligned_input_gives_the_same_bits(rng, left):
     assert not Au.flags.aligned
     for got, want in zip(lu_core.solve_refined(Au, B, left=left), lu_core.solve_refined(A, B, left=left), strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+@contextlib.contextmanager
+def _twin(kind: str) -> Iterator[None]:
+    """Force every kernel call to its serial or its parallel twin."""
+    saved = _tuning.PARALLEL_MIN_WORK
+    _tuning.PARALLEL_MIN_WORK = 0 if kind == "parallel" else 1 << 62
+    try:
+        yield
+    finally:
+        _tuning.PARALLEL_MIN_WORK = saved
+
+
+def _bits(out: tuple) -> list[bytes]:
+    return [np.ascontiguousarray(v).tobytes() + str(np.shape(v)).encode() for v in out]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [5, 16, 32, 33, 300])
+def test_alone_equals_inside_a_batch_and_the_twins_agree(rng, dtype, n):
+    """Dynamic batching merges requests: a system's X, iterations and backward error must be the same
+    bits alone, in a batch of 1 and anywhere in a batch, whichever kernel twin runs. Sizes: the fused
+    kernel (vector lanes full and partly padding), LAPACK on the pool, threaded LAPACK."""
+    size = 3 if n > 64 else 200
+    A = well_conditioned(rng, (size, n, n), dtype)
+    B = random_matrix(rng, (size, n, 2), dtype)
+    if np.dtype(dtype).itemsize * (2 if np.dtype(dtype).kind == "f" else 1) == 16:
+        A[-1] *= 1e39  # overflows float32: this one falls back
+    results = {}
+    for kind in ("serial", "parallel"):
+        with _twin(kind):
+            results[kind] = _bits(lu_core.solve_refined(A, B))
+    assert results["serial"] == results["parallel"]
+    batched = lu_core.solve_refined(A, B)
+    if np.abs(A[-1]).max() > 1e30:
+        assert batched.iterations[-1] == -1 and (batched.iterations[:-1] >= 0).all()
+    for i in sorted({0, size // 2, size - 1}):
+        want = _bits(tuple(v[i] for v in batched))
+        assert _bits(lu_core.solve_refined(A[i], B[i])) == want, f"system {i} alone differs from the batch"
+        one = lu_core.solve_refined(A[i : i + 1], B[i : i + 1])
+        assert _bits(tuple(v[0] for v in one)) == want, f"system {i} in a batch of 1 differs"
