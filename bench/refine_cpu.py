@@ -20,6 +20,7 @@ noise on a shared machine hits every contender alike.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import pathlib
 from collections.abc import Callable
 
@@ -140,9 +141,12 @@ def render(rows: list[dict], facts: dict[str, str], command: str) -> str:
 
 
 def run(quick: bool, out: pathlib.Path | None, progress: Callable[[str], None]) -> pathlib.Path | None:
+    load_before = os.getloadavg()[0]
     rows = run_cases(quick, progress)
     command = "python -m bench --suite refine-cpu" + (" --quick" if quick else "")
-    report = render(rows, machine(), command)
+    # The load says whether the machine was quiet: threaded BLAS (the 2048 case) suffers most from sharing.
+    facts = {**machine(), "load average (1 min) before / after": f"{load_before:.1f} / {os.getloadavg()[0]:.1f}"}
+    report = render(rows, facts, command)
     print(report)
     if out is None:
         return None
