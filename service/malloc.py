@@ -53,5 +53,5 @@ def tune(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESH
     mallopt.restype = ctypes.c_int
     ok = mallopt(_M_MMAP_THRESHOLD, mmap_threshold) == 1 and mallopt(_M_TRIM_THRESHOLD, trim_threshold) == 1
     if not ok:
-        log.warning("mallopt refused the thresholds (%d, %d); malloc keeps its defaults", mmap_threshold, trim_threshold)
+        log.warning("mallopt refused the thresholds (%d, %d); glibc keeps its own", mmap_threshold, trim_threshold)
     return ok
