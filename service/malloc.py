@@ -39,7 +39,13 @@ _ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 
 
 def tune(mmap_threshold: int = MMAP_THRESHOLD, trim_threshold: int = TRIM_THRESHOLD) -> bool:
-    """Set glibc's mmap and trim thresholds; ``True`` when both were set, ``False`` (a no-op) elsewhere."""
+    """Set glibc's mmap and trim thresholds; ``True`` when both were set, ``False`` (a no-op) elsewhere.
+
+    Raises ``ValueError`` for a threshold that is not a positive number of bytes below 2**31.
+    """
+    for name, value in (("mmap_threshold", mmap_threshold), ("trim_threshold", trim_threshold)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1 << 31:
+            raise ValueError(f"{name} must be a positive number of bytes below 2**31, got {value!r}")
     if not sys.platform.startswith("linux") or any(os.environ.get(name) for name in _ENV):
         return False
     try:
