@@ -96,6 +96,11 @@ class BodySink:
             raise RuntimeError("a body sink is opened once")
         self._view = view
         self._event = asyncio.Event()
+        cycle = self.cycle
+        if cycle.waiting_for_100_continue and not cycle.transport.is_closing():
+            # What uvicorn's receive() does on the first read: the client waits for it to send the body.
+            cycle.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            cycle.waiting_for_100_continue = False
         pending, self.cycle.body = self.cycle.body, bytearray()
         self.write(pending)
         if self.finished:
