@@ -2,13 +2,19 @@
 
 Starts ``python -m service`` on loopback (as a user would) and measures, in one run:
 
+* receiving one 128 MiB binary request (read in full, decoded, refused before compute)
+  against a plain loopback TCP copy of the same bytes, rep by rep: the receive cost in
+  plain copies (goal <= 1.2); beside it the same service without the receive-buffer pool
+  and with glibc's malloc defaults.
 * ``lu_solve`` round trips at n = 256, 1024, 2048, 4096 (float64, one right-hand
   side; the request carries the n x n factorization) in JSON and in the binary
   framing, against the in-process ``lu_core.lu_solve`` call and against a plain
   loopback TCP copy of the same request and response bytes. "Overhead" is
   (round trip - in-process call) / plain copy: the target for binary is <= 1.5.
 * 8x8 ``/solve`` requests (binary) at 1, 16 and 64 concurrent clients: requests
-  per second and p50/p99 latency.
+  per second and p50/p99 latency; and at 16 clients against a bare ASGI app under the
+  same uvicorn configuration and protocol class (``bench/_bare_asgi.py``), rounds
+  alternating in one run (goal: the service >= 60% of the bare app's rate).
 * Stored factorizations at n = 2048 and 4096 (float64): 10 one-right-hand-side
   solves that resend the LU each time (``/lu_solve``) against 10 solves of a
   factorization stored once (``PUT /factorizations/{name}``, then
@@ -76,8 +82,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(defaults: bool = False, **settings: str) -> tuple[subprocess.Popen, str]:
-    """The service as its own process; ``defaults``: no limit raised (else room for the biggest cases)."""
+def start_server(defaults: bool = False, module: str = "service", **settings: str) -> tuple[subprocess.Popen, str]:
+    """The service as its own process; ``defaults``: no limit raised (else room for the biggest cases).
+
+    ``module="bench._bare_asgi"`` starts the bare-ASGI baseline under the same server settings.
+    """
     port = free_port()
     # gRPC stays off unless asked for (LU_GRPC_PORT), so that suites never contend for port 8001.
     env = {**os.environ, "LU_PORT": str(port), "LU_DEVICE": os.environ.get("LU_DEVICE", "auto")}
@@ -86,7 +95,7 @@ def start_server(defaults: bool = False, **settings: str) -> tuple[subprocess.Po
     if not defaults:
         env |= {"LU_MAX_REQUEST_BYTES": str(2 << 30), "LU_MAX_ELEMENTS": str(1 << 28)}
         env |= {"LU_MAX_JSON_BYTES": str(2 << 30), "LU_STORE_BYTES": str(1 << 30)}
-    proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", module], cwd=ROOT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -333,6 +342,69 @@ def concurrency(url: str, levels: list[int], seconds: float, progress: Callable[
     return rows
 
 
+# --------------------------------------------------------------------------- receiving a big body
+
+RECEIVE_N = 4096  # LU of 4096 x 4096 float64: a 128 MiB body
+
+
+def _receive_body() -> tuple[bytes, dict[str, str]]:
+    """A 128 MiB ``/lu_solve`` body whose B has one row too few: read, decoded, then refused (422) before compute."""
+    n = RECEIVE_N
+    LU = np.random.default_rng(7).standard_normal((n, n))
+    return binary_body({"LU": LU, "pivots": np.arange(1, n + 1, dtype=np.int32), "B": np.ones((n - 1, 1))})
+
+
+def receive_cost(urls: dict[str, str], copier: CopyServer, reps: int, progress: Callable[[str], None]) -> list[dict]:
+    """Each contender's time for the 128 MiB request, interleaved rep by rep with the plain copy."""
+    body, headers = _receive_body()
+    clients = {name: RawHttp(url) for name, url in urls.items()}
+    answer = 0
+    for client in clients.values():
+        status, content = client.post("/lu_solve", body, headers)
+        assert status == 422, (status, content[:200])
+        answer = len(content)
+    contenders: dict[str, Callable[[], object]] = {"plain loopback copy": copier.round_trip(body, answer)}
+    for name, client in clients.items():
+        contenders[name] = lambda c=client: c.post("/lu_solve", body, headers)
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for fn in contenders.values():
+        fn()  # warm: the pool holds a buffer, the copy server's socket is open
+    for _ in range(reps):
+        for name, fn in contenders.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    for client in clients.values():
+        client.sock.close()
+    copy = statistics.median(times["plain loopback copy"])
+    best_copy = min(times["plain loopback copy"])
+    rows = []
+    for name, ts in times.items():
+        med = statistics.median(ts)
+        rows.append({"receiver": name, "bytes": len(body), "median ms": med * 1e3, "best ms": min(ts) * 1e3,
+                     "median / copy": med / copy, "best / best copy": min(ts) / best_copy})  # fmt: skip
+        progress(f"receive 128 MiB, {name}: {med * 1e3:.1f} ms (median), {med / copy:.2f}x the plain copy")
+    return rows
+
+
+def small_vs_bare(url: str, bare_url: str, clients: int, seconds: float, rounds: int, progress) -> list[dict]:
+    """8x8 ``/solve`` at ``clients`` connections against the service and the bare ASGI app, alternating."""
+    runs: dict[str, list[dict]] = {"service": [], "bare ASGI app": []}
+    for _ in range(rounds):
+        for name, target in (("service", url), ("bare ASGI app", bare_url)):
+            runs[name].append(asyncio.run(_concurrency(target, clients, seconds)))
+    bare_rate = statistics.median(r["req/s"] for r in runs["bare ASGI app"])
+    rows = []
+    for name, rs in runs.items():
+        rate = statistics.median(r["req/s"] for r in rs)
+        rows.append({"server": name, "clients": clients, "rounds": len(rs), "req/s": rate,
+                     "p50 ms": statistics.median(r["p50 ms"] for r in rs),
+                     "p99 ms": statistics.median(r["p99 ms"] for r in rs),
+                     "non-200": sum(r["non-200"] for r in rs), "/ bare": rate / bare_rate})  # fmt: skip
+        progress(f"8x8 solve, {clients} clients, {name}: {rate:.0f} req/s ({rate / bare_rate:.0%} of bare)")
+    return rows
+
+
 SOLVES = 10  # one-right-hand-side solves per system in the stored-factorization case
 
 
@@ -519,7 +591,13 @@ def table(rows: list[dict], columns: list[str]) -> str:
 
 
 def report(
-    transport_rows: list[dict], conc_rows: list[dict], stored_rows: list[dict], grpc_rows: list[dict], device: str
+    transport_rows: list[dict],
+    conc_rows: list[dict],
+    stored_rows: list[dict],
+    grpc_rows: list[dict],
+    device: str,
+    receive_rows: list[dict] | None = None,
+    bare_rows: list[dict] | None = None,
 ) -> str:
     """The markdown report; parts that did not run (``--only``) are left out."""
     facts = machine()
@@ -532,6 +610,23 @@ def report(
         "cores with the server), so that the numbers are the service's, not a client library's.",
         "",
     ]
+    if receive_rows:
+        lines += [
+            f"## Receiving a {receive_rows[0]['bytes'] >> 20} MiB binary request",
+            "",
+            f"The request: `/lu_solve` with a {RECEIVE_N} x {RECEIVE_N} float64 LU (128 MiB), its pivots and a B with",
+            "one row too few, in the binary framing. The service reads the whole body, decodes it and answers 422",
+            "`invalid_shape` before anything is computed, so its time is receiving (and decoding: views, no copy).",
+            "`plain loopback copy` = the same body bytes sent over a loopback TCP connection to a thread that",
+            "`recv_into`s a reused 1 MiB buffer until it has them all and answers as many bytes as the 422 has;",
+            "each time runs from the client's first byte sent to the last answer byte received, on a kept-alive",
+            "connection, with the same client socket code. The contenders alternate rep by rep in one run;",
+            "`median / copy` is the receive cost in plain copies (goal: <= 1.2 for the service). Rows other",
+            "than `service` are the same service with one change, to show what each part of the transport buys.",
+            "",
+            table(receive_rows, ["receiver", "median ms", "best ms", "median / copy", "best / best copy"]),
+            "",
+        ]
     if transport_rows:
         lines += [
             "## lu_solve round trip, float64, one right-hand side",
@@ -554,6 +649,18 @@ def report(
             "## 8x8 /solve requests (binary), concurrent clients",
             "",
             table(conc_rows, ["clients", "requests", "req/s", "p50 ms", "p99 ms", "non-200"]),
+            "",
+        ]
+    if bare_rows:
+        lines += [
+            "## The service against a bare ASGI app under the same server (8x8 /solve, binary)",
+            "",
+            "`bare ASGI app` (`bench/_bare_asgi.py`): the same uvicorn configuration and protocol class as",
+            "`python -m service` (`service.__main__.server_config`), serving an app that reads the body and",
+            "answers a fixed body of the size of the service's answer. Same client (keep-alive connections on",
+            "asyncio streams), same run, alternating rounds; medians over rounds. Goal: service >= 60% of bare.",
+            "",
+            table(bare_rows, ["server", "clients", "rounds", "req/s", "/ bare", "p50 ms", "p99 ms", "non-200"]),
             "",
         ]
     if stored_rows:
@@ -588,6 +695,34 @@ def report(
 
 
 PARTS = ("transport", "concurrency", "stored", "grpc")
+# The service with one part of the transport turned off, for the receive table (no warm-up: nothing computes).
+RECEIVE_VARIANTS = {
+    "service, no buffer pool (LU_BODY_POOL_BYTES=0)": {"LU_BODY_POOL_BYTES": "0"},
+    # Any GLIBC_TUNABLES makes service.malloc leave glibc's defaults alone.
+    "service, glibc malloc defaults": {"GLIBC_TUNABLES": "glibc.malloc.check=0"},
+}
+
+
+def _receive_part(url: str, copier: CopyServer, quick: bool, progress: Callable[[str], None]) -> list[dict]:
+    extra = [start_server(LU_WARMUP="false", **env) for env in RECEIVE_VARIANTS.values()]
+    try:
+        urls = {"service": url, **{name: u for name, (_, u) in zip(RECEIVE_VARIANTS, extra, strict=True)}}
+        return receive_cost(urls, copier, 3 if quick else 9, progress)
+    finally:
+        for proc, _ in extra:
+            proc.terminate()
+            proc.wait(60)
+
+
+def _bare_part(url: str, quick: bool, progress: Callable[[str], None]) -> list[dict]:
+    answer = len(httpx.post(f"{url}/solve", content=binary_body(_small_solve())[0],
+                            headers=binary_body(_small_solve())[1]).content)  # fmt: skip
+    proc, bare_url = start_server(module="bench._bare_asgi", LU_BARE_ANSWER_BYTES=str(answer))
+    try:
+        return small_vs_bare(url, bare_url, 16, 1.0 if quick else 3.0, 1 if quick else 3, progress)
+    finally:
+        proc.terminate()
+        proc.wait(60)
 
 
 def run(quick: bool, out: Path | None, progress: Callable[[str], None], parts: tuple[str, ...] = PARTS) -> Path | None:
@@ -599,8 +734,10 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None], parts: t
         sizes = [64, 128] if quick else [256, 1024, 2048, 4096]
         levels = [1, 4] if quick else [1, 16, 64]
         copier = CopyServer()
+        receive_rows = _receive_part(url, copier, quick, progress) if "transport" in parts else []
         transport_rows = transport(url, sizes, copier, progress) if "transport" in parts else []
         conc_rows = concurrency(url, levels, 1.0 if quick else 5.0, progress) if "concurrency" in parts else []
+        bare_rows = _bare_part(url, quick, progress) if "concurrency" in parts else []
         stored_sizes = [64, 128] if quick else [2048, 4096]
         stored_rows = stored_factorizations(url, stored_sizes, progress) if "stored" in parts else []
         grpc_rows = (
@@ -611,7 +748,7 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None], parts: t
     finally:
         proc.terminate()
         proc.wait(60)
-    text = report(transport_rows, conc_rows, stored_rows, grpc_rows, device)
+    text = report(transport_rows, conc_rows, stored_rows, grpc_rows, device, receive_rows, bare_rows)
     print(text)
     if out is None:
         return None

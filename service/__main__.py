@@ -11,12 +11,16 @@ from __future__ import annotations
 import logging
 import socket
 import sys
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from service.cli import build_parser, overrides
 from service.config import Settings
 from service.logs import configure_logging
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = logging.getLogger("service")
 
@@ -48,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lu-service: invalid settings:\n{exc}", file=sys.stderr)
         return EXIT_CONFIG
     configure_logging(settings.log_level, settings.log_json)
+    # Before anything big is allocated: glibc's thresholds for large per-request arrays (no-op elsewhere).
+    from service.malloc import tune
+
+    tune()
     try:
         sock = listen(settings.host, settings.port)
     except OSError as exc:
@@ -65,7 +73,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from service.app import create_app
     from service.device import DeviceUnavailableError
-    from service.protocol import bounded_protocol
 
     try:
         app = create_app(settings)
@@ -73,26 +80,33 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         sock.close()
         return EXIT_CONFIG
+    server = uvicorn.Server(server_config(app, settings, on_refusal=app.state.metrics.protocol_refusal))
+    server.run(sockets=[sock])
+    return 0
+
+
+def server_config(app: Any, settings: Settings, on_refusal: Any = None) -> uvicorn.Config:
+    """The uvicorn configuration the service runs under (also used by ``bench.service``'s bare-ASGI baseline)."""
+    import uvicorn
+
+    from service.protocol import bounded_protocol
+
     protocol = bounded_protocol(
         read_timeout_s=settings.read_timeout_s,
         min_upload_rate=settings.min_upload_rate,
         keep_alive_s=settings.keep_alive_s,
         max_header_bytes=settings.max_header_bytes,
-        on_refusal=app.state.metrics.protocol_refusal,
+        on_refusal=on_refusal,
     )
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            http=protocol,
-            timeout_keep_alive=settings.keep_alive_s,
-            log_config=None,  # configure_logging owns the format
-            access_log=False,  # service.middleware writes one structured line per request
-            timeout_graceful_shutdown=settings.graceful_shutdown_s,
-            proxy_headers=True,
-        )
+    return uvicorn.Config(
+        app,
+        http=protocol,
+        timeout_keep_alive=settings.keep_alive_s,
+        log_config=None,  # configure_logging owns the format
+        access_log=False,  # service.middleware writes one structured line per request
+        timeout_graceful_shutdown=settings.graceful_shutdown_s,
+        proxy_headers=True,
     )
-    server.run(sockets=[sock])
-    return 0
 
 
 if __name__ == "__main__":

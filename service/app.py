@@ -13,6 +13,7 @@ import numpy as np
 from fastapi import FastAPI
 
 import lu_core
+from service.bodies import BodyPool
 from service.budget import MemoryBudget
 from service.config import Settings
 from service.device import Device, select_device
@@ -134,6 +135,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.worker = worker
     app.state.ready = ready
     app.state.budget = budget
+    # Request bodies are received into buffers reused across requests (service.bodies, transport.read_body).
+    app.state.bodies = BodyPool(settings.body_pool_bytes, budget)
+    metrics.watch_body_pool(app.state.bodies)
     install_handlers(app)
     app.include_router(health.router)
     app.include_router(health.metrics_router)

@@ -18,6 +18,7 @@ right when a client disconnects while its job is still computing.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 from service.errors import too_large, unavailable
@@ -37,6 +38,7 @@ class MemoryBudget:
         self._peak = 0
         self._refused = 0
         self._lock = threading.Lock()
+        self._reclaimers: list[Callable[[int], int]] = []
 
     @property
     def in_use(self) -> int:
@@ -51,16 +53,47 @@ class MemoryBudget:
     def refused(self) -> int:
         return self._refused
 
-    def _take(self, nbytes: int) -> bool:
+    def add_reclaimer(self, reclaim: Callable[[int], int]) -> None:
+        """Register memory that is held but may be dropped on demand (``service.bodies``' idle buffers).
+
+        When a reservation does not fit, ``reclaim(shortfall)`` is called (outside the budget's
+        lock) and gives back what it can; then the reservation is tried once more.
+        """
+        self._reclaimers.append(reclaim)
+
+    def _try(self, nbytes: int) -> int:
+        """Take ``nbytes`` (returns 0) or take nothing and return the shortfall."""
         if nbytes < 0:
             raise ValueError(f"cannot reserve a negative number of bytes ({nbytes})")
         with self._lock:
-            if self._used + nbytes > self.limit:
-                self._refused += 1
-                return False
+            short = self._used + nbytes - self.limit
+            if short > 0:
+                return short
             self._used += nbytes
             self._peak = max(self._peak, self._used)
-            return True
+            return 0
+
+    def _take(self, nbytes: int) -> bool:
+        short = self._try(nbytes)
+        if short and self._reclaimers:
+            for reclaim in self._reclaimers:
+                short -= reclaim(short)
+                if short <= 0:
+                    break
+            short = self._try(nbytes)
+        if short:
+            with self._lock:
+                self._refused += 1
+            return False
+        return True
+
+    def take_quietly(self, nbytes: int) -> bool:
+        """Take ``nbytes`` if they fit now, reclaiming nothing and counting no refusal (memory kept by choice)."""
+        return self._try(nbytes) == 0
+
+    def give(self, nbytes: int) -> None:
+        """Give back bytes taken with :meth:`take_quietly`."""
+        self._give(nbytes)
 
     def _give(self, nbytes: int) -> None:
         with self._lock:
@@ -101,6 +134,7 @@ class Reservation:
         self._lock = threading.Lock()
         self.nbytes = nbytes
         self._holders = 1
+        self._on_release: list[Callable[[], None]] = []
 
     def grow(self, extra: int, what: str = "this request") -> None:
         """Reserve ``extra`` more bytes (503 ``overloaded`` when they do not fit now, 413 when they never could)."""
@@ -124,6 +158,18 @@ class Reservation:
             self._holders += 1
         return self
 
+    def on_release(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the last holder has let go (at once if that has happened already).
+
+        For what lives exactly as long as the reservation's holders use it: a request body's
+        pooled buffer (``service.bodies``), whose tensors the request and its job both read.
+        """
+        with self._lock:
+            if self._holders:
+                self._on_release.append(callback)
+                return
+        callback()
+
     def release(self) -> None:
         """Let go; the bytes return to the budget when the last holder has let go. Idempotent past zero."""
         with self._lock:
@@ -133,7 +179,10 @@ class Reservation:
             if self._holders:
                 return
             nbytes, self.nbytes = self.nbytes, 0
+            callbacks, self._on_release = self._on_release, []
         self._budget._give(nbytes)
+        for callback in callbacks:
+            callback()
 
     @property
     def released(self) -> bool:

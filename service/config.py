@@ -86,6 +86,12 @@ class Settings(BaseSettings):
         "factorizations); a request that would pass it is refused with 503 before its body is read. "
         "Default: half the memory of the machine or container.",
     )
+    body_pool_bytes: int = Field(
+        512 * MiB,
+        ge=0,
+        description="Most bytes of idle receive buffers kept for reuse by later request bodies (no page faults "
+        "on a big body); counted in LU_MAX_INFLIGHT_BYTES and freed first when a request needs the room; 0: none.",
+    )
     read_timeout_s: float = Field(
         30.0,
         gt=0,

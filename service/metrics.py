@@ -79,6 +79,21 @@ class Metrics:
             lambda: budget.peak
         )
 
+    def watch_body_pool(self, pool: Any) -> None:
+        """Gauges read from the receive-buffer pool (:class:`service.bodies.BodyPool`) at scrape time."""
+        r = self.registry
+        Gauge(
+            "lu_body_pool_idle_bytes", "Idle receive buffers kept for reuse (LU_BODY_POOL_BYTES).", registry=r
+        ).set_function(lambda: pool.idle_bytes)
+        Gauge(
+            "lu_body_pool_held_bytes",
+            "Bytes the receive-buffer pool holds reserved in lu_inflight_bytes (idle buffers, slack of lent ones).",
+            registry=r,
+        ).set_function(lambda: pool.held_bytes)
+        Gauge(
+            "lu_body_pool_reuses", "Request bodies received into a reused buffer since start.", registry=r
+        ).set_function(lambda: pool.stats.hits)
+
     def watch_store(self, store: Any) -> None:
         """Export a :class:`service.store.FactorizationStore`'s counters, read at each scrape."""
         self.registry.register(_StoreCollector(store))

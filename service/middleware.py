@@ -36,6 +36,7 @@ from service.context import choose_request_id, request_id_var
 from service.errors import ServiceError, bad_request, error_response, too_large
 from service.footprint import body_bytes
 from service.metrics import Metrics
+from service.protocol import BODY_SINK
 
 __all__ = ["CLIENT_CLOSED", "RequestMiddleware", "reservation_of"]
 
@@ -119,6 +120,9 @@ class RequestMiddleware:
         finally:
             if reservation is not None:
                 reservation.release()
+            sink = scope.get(BODY_SINK)  # a body the protocol wrote into the app's buffer (transport.read_body)
+            if sink is not None:
+                state["in"] += sink.received
             self.metrics.in_flight.dec()
             self._record(scope, state, time.perf_counter() - start)
             request_id_var.reset(token)

@@ -8,16 +8,17 @@ from typing import Literal, TypeVar
 import anyio
 import anyio.to_thread
 import numpy as np
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from service.bodies import BodyPool
 from service.codec import HEADER_LENGTH, EncodedBody
 from service.compression import Inflater, inflater_for
 from service.errors import ServiceError, bad_request
 from service.footprint import BODY_FACTOR
 from service.middleware import reservation_of
-from service.protocol import READ_STARTED
+from service.protocol import BODY_SINK, READ_STARTED, BodySink
 
 __all__ = ["BodyResponse", "offload", "read_body", "request_format"]
 
@@ -54,10 +55,16 @@ async def read_body(request: Request) -> memoryview | bytes:
 
     Joining the received chunks afterwards (what ``Request.body`` does) costs a
     second pass over fresh memory: at 128 MiB, ~2x the time of this single copy.
-    The buffer is allocated without being touched (``np.empty``), so its pages
-    become resident only as bytes arrive: a client that declares 256 MiB and
-    sends one byte costs one page, not 256 MiB (``RequestMiddleware`` has
+    The buffer comes from the app's pool of receive buffers (:mod:`service.bodies`,
+    ``LU_BODY_POOL_BYTES``): a buffer used before is resident already, so a big
+    body costs its copy and no page faults. It goes back to the pool only when
+    the request and its job have both ended (the decoded tensors are views into
+    it). A fresh buffer is allocated without being touched (``np.empty``), so its
+    pages become resident only as bytes arrive: a client that declares 256 MiB
+    and sends one byte costs one page, not 256 MiB (``RequestMiddleware`` has
     already bounded the length and reserved its memory against the budget).
+    The view returned is exactly the declared length, and every byte of it has
+    been written by this request (else 400 ``truncated_body``).
 
     The deadline (:class:`ReadDeadline`) starts at the request's first byte; a body
     that falls behind it is a 408, and the connection is closed. A gzip or deflate
@@ -74,7 +81,11 @@ async def read_body(request: Request) -> memoryview | bytes:
     if declared is None or not declared.isdigit():
         return b"".join([chunk async for chunk in _within(request, deadline)])  # chunked: counted as it streams
     size = int(declared)
-    view = memoryview(np.empty(size, np.uint8))
+    view = _receive_buffer(request, size)
+    sink = request.scope.get(BODY_SINK)
+    if isinstance(sink, BodySink):
+        await _sink_into(sink, view, deadline)
+        return view
     got = 0
     async for chunk in _within(request, deadline):
         end = got + len(chunk)
@@ -85,6 +96,47 @@ async def read_body(request: Request) -> memoryview | bytes:
     if got != size:
         raise bad_request("truncated_body", f"the body ended after {got} of {size} bytes")
     return view
+
+
+def _receive_buffer(request: Request, size: int) -> memoryview:
+    """A buffer of exactly ``size`` bytes for the body, from the app's pool when the request has a reservation.
+
+    The lease ends with the reservation (``Reservation.on_release``): when the request has ended
+    *and* its job on the worker, the two parties that use the tensors decoded from these bytes.
+    """
+    pool: BodyPool | None = getattr(request.app.state, "bodies", None)
+    reservation = reservation_of(request.scope)
+    if pool is None or reservation is None:
+        return memoryview(np.empty(size, np.uint8))
+    lease = pool.take(size)
+    reservation.on_release(lease.release)
+    return lease.view
+
+
+async def _sink_into(sink: BodySink, view: memoryview, deadline: ReadDeadline) -> None:
+    """The body written into ``view`` by the protocol as it arrives (:class:`service.protocol.BodySink`).
+
+    The same checks as the chunk-by-chunk path: the deadline by bytes received (408), a body
+    longer or shorter than its Content-Length (400), a client that left (``ClientDisconnect``).
+    Closing the sink in every case is what makes the buffer safe to reuse: once this returns
+    or raises, the protocol writes nothing more into it.
+    """
+    sink.open(view)
+    try:
+        while not sink.finished:
+            remaining = deadline.at(sink.received) - anyio.current_time()
+            if remaining <= 0:
+                raise deadline.timeout_error()
+            with anyio.move_on_after(remaining):
+                await sink.wait()
+    finally:
+        sink.close()
+    if sink.overflow:
+        raise bad_request("malformed_body", f"the body is longer than its Content-Length {len(view)}")
+    if sink.disconnected:
+        raise ClientDisconnect()
+    if sink.received != len(view):
+        raise bad_request("truncated_body", f"the body ended after {sink.received} of {len(view)} bytes")
 
 
 class ReadDeadline:

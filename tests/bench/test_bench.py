@@ -25,6 +25,9 @@ def test_quick_cpu_and_service_suites_write_reports_and_plots(tmp_path, capsys):
     ).read_text()
     service = next(p for p in tmp_path.iterdir() if "-service-" in p.name).read_text()
     assert "## Stored factorizations" in service and "| 128 | 10 |" in service
+    assert "## Receiving a 128 MiB binary request" in service and "| plain loopback copy |" in service
+    assert "| service, no buffer pool (LU_BODY_POOL_BYTES=0) |" in service
+    assert "| bare ASGI app | 16 |" in service and "| service | 16 |" in service
     for op in ("lu_factor", "lu_unpack", "lu_solve", "solve"):
         assert f"| {op} | float32 |" in report and f"| {op} | float64 |" in report
     assert "vs scipy" in report and "## Machine" in report
