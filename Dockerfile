@@ -24,22 +24,24 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 COPY deploy/constraints.txt /tmp/constraints.txt
-# The pins are a freeze of '.[server]': install exactly them (CuPy and nvmath-python come in deps-gpu).
-RUN sed '/^cupy-/d; /^nvmath-python/d' /tmp/constraints.txt > /tmp/requirements.txt \
+# The pins are a freeze of '.[server]': install exactly them (CuPy comes in deps-gpu).
+RUN sed '/^cupy-/d' /tmp/constraints.txt > /tmp/requirements.txt \
     && pip install --no-deps --requirement /tmp/requirements.txt
 
 FROM deps AS deps-gpu
 ARG CUDA=12
 ARG CUPY_VERSION=14.2.0
-ARG NVMATH_VERSION=1.0.0
-# nvmath-python wraps cuSOLVER's IRS solver (cusolverDnIRSXgesv), which solve_refined uses
-# on the GPU; its cu12/cu13 extra brings the matching CUDA libraries from PyPI.
 # cuFFT and cuRAND come with the [ctk] extra but the service never loads them
 # (CuPy imports them lazily, for cupy.fft and cupy.random only): about 300 MB less.
 RUN pip install --constraint /tmp/constraints.txt "cupy-cuda${CUDA}x[ctk]==${CUPY_VERSION}" \
-        "nvmath-python[cu${CUDA}]==${NVMATH_VERSION}" \
     && site="$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
     && rm -rf "$site"/nvidia/cufft "$site"/nvidia/curand "$site"/nvidia/*/lib/*.a
+# nvmath-python wraps cuSOLVER's IRS solver (cusolverDnIRSXgesv), which solve_refined uses on
+# the GPU. Without its cu12/cu13 extra: cuSOLVER and cuBLAS are already here from CuPy's [ctk]
+# wheels, and the extra would add cuTENSOR and cuDSS, which the service never loads. Its own
+# layer after CuPy's, so that changing it never re-downloads the CUDA wheels.
+ARG NVMATH_VERSION=1.0.0
+RUN pip install --constraint /tmp/constraints.txt "nvmath-python==${NVMATH_VERSION}"
 
 # ---------------------------------------------------------------- the project's code, alone
 FROM ${PYTHON_IMAGE} AS code
