@@ -83,12 +83,6 @@ def merge_key(job: BatchJob) -> Hashable | None:
     return job.name, job.compute, tuple(sorted(job.options.items())), tensors
 
 
-def _count(job: BatchJob) -> int:
-    batch = _batch_shape(job.name, job.tensors)
-    assert batch is not None
-    return math.prod(batch)
-
-
 def _elements(job: BatchJob) -> int:
     return sum(t.size for t in job.tensors.values())
 
@@ -144,30 +138,31 @@ def gather(
 
 
 def run_merged(
-    run: Callable[[Callable[..., dict[str, Any]], Mapping[str, Any], Mapping[str, bool]], dict[str, Any]],
+    run_stacked: Callable[
+        [Callable[..., dict[str, Any]], Mapping[str, Sequence[np.ndarray]], Mapping[str, bool]], dict[str, Any]
+    ],
     jobs: Sequence[BatchJob],
 ) -> list[dict[str, Any]]:
-    """Compute ``jobs`` (compatible, at least one) in one call; each job's answer, shaped as if alone."""
+    """Compute ``jobs`` (compatible, at least one) in one call; each job's answer, shaped as if alone.
+
+    ``run_stacked`` (:meth:`service.device.Device.run_stacked`) gets each input as the list of the
+    jobs' parts, flattened to one batch axis, and concatenates them where the device reads them.
+    """
     first = jobs[0]
-    batch0 = _batch_shape(first.name, first.tensors)
-    assert batch0 is not None
-    n = len(batch0)
-    counts = [_count(j) for j in jobs]
-    pairs = list(zip(jobs, counts, strict=True))
-    stacked = {
-        name: np.concatenate([np.reshape(j.tensors[name], (c, *t.shape[n:])) for j, c in pairs])
+    batches = [job.tensors[next(p for p in _PRIMARY if p in job.tensors)].shape[:-2] for job in jobs]
+    n = len(batches[0])
+    counts = [math.prod(b) for b in batches]
+    parts = {
+        name: [np.reshape(job.tensors[name], (c, *t.shape[n:])) for job, c in zip(jobs, counts, strict=True)]
         for name, t in first.tensors.items()
     }
-    outputs = run(first.compute, stacked, first.options)
+    outputs = run_stacked(first.compute, parts, first.options)
     answers: list[dict[str, Any]] = []
     start = 0
-    for job, count in zip(jobs, counts, strict=True):
-        batch = job.tensors[next(p for p in _PRIMARY if p in job.tensors)].shape[:-2]
+    for batch, count in zip(batches, counts, strict=True):
+        stop = start + count
         answers.append(
-            {
-                k: None if v is None else v[start : start + count].reshape((*batch, *v.shape[1:]))
-                for k, v in outputs.items()
-            }
+            {k: None if v is None else v[start:stop].reshape((*batch, *v.shape[1:])) for k, v in outputs.items()}
         )
-        start += count
+        start = stop
     return answers

@@ -11,6 +11,7 @@ worker frees its cached memory and goes on serving.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -79,6 +80,7 @@ class DeviceWorker:
         self._thread: threading.Thread | None = None
         self._accepting = False
         self._started = threading.Event()
+        self._children: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -160,14 +162,17 @@ class DeviceWorker:
             self.device.thread_init()
         finally:
             self._started.set()
+        metrics = self._metrics
         while True:
             item = self._pending.popleft() if self._pending else self._queue.get()
             if item is _STOP:
                 return
+            # Busy from here until the thread waits for the queue again: wall time (GIL waits and
+            # preemption included) and the thread's own CPU time, for lu_worker_busy_seconds.
+            wall, cpu = time.perf_counter(), time.thread_time()
             if callable(item):
                 item()
                 continue
-            waited = time.perf_counter()
             batch = gather(
                 item,
                 self._take,
@@ -177,52 +182,61 @@ class DeviceWorker:
                 delay_s=self._batch_delay_s,
                 is_job=_is_live_job,
             )
-            self._metrics.batch_wait.observe(time.perf_counter() - waited)
-            self._metrics.queue_depth.set(self.depth)
+            metrics.batch_wait.observe(time.perf_counter() - wall)
+            metrics.queue_depth.set(self.depth)
+            settled: list[tuple[_Job, bool, Any]] = []
             try:
-                live = [job for job in batch if not self._expired(job)]
-                if not live:
-                    continue
+                live = [job for job in batch if not self._expired(job, settled)]
                 if len(live) == 1:
-                    self._compute(live[0])
-                else:
-                    self._compute_merged(live)
+                    self._compute(live[0], settled)
+                elif live:
+                    self._compute_merged(live, settled)
             finally:
                 for job in batch:
                     if job.reservation is not None:
                         job.reservation.release()
+                _settle_all(settled)
+                metrics.worker_busy.inc(time.perf_counter() - wall)
+                metrics.worker_cpu.inc(time.thread_time() - cpu)
 
     def _take(self, timeout: float | None) -> Any:
         return self._queue.get(timeout=timeout) if timeout is not None else self._queue.get_nowait()
 
-    def _compute_merged(self, jobs: list[_Job]) -> None:
+    def _compute_merged(self, jobs: list[_Job], settled: list[tuple[_Job, bool, Any]]) -> None:
         """One call for compatible jobs (see service.batcher); each alone if the call fails."""
         start = time.perf_counter()
+        observe_wait = self._metrics.queue_wait.observe
         for job in jobs:
-            self._metrics.queue_wait.observe(start - job.queued_at)
+            observe_wait(start - job.queued_at)
         try:
-            answers = run_merged(self.device.run, jobs)
+            answers = run_merged(self.device.run_stacked, jobs)
         except Exception:
             # A singular system (check_errors) or memory: run each alone, so that every failure
             # is answered to its own request, with its own batch indices.
             for job in jobs:
-                self._compute(job, waited=True)
+                self._compute(job, settled, waited=True)
             return
         self._metrics.batch_size.observe(len(jobs))
-        self._metrics.compute_seconds.labels(jobs[0].name, self.device.kind).observe(time.perf_counter() - start)
-        for job, answer in zip(jobs, answers, strict=True):
-            job.loop.call_soon_threadsafe(_settle, job.future, True, answer)
+        self._compute_seconds(jobs[0].name).observe(time.perf_counter() - start)
+        settled.extend((job, True, answer) for job, answer in zip(jobs, answers, strict=True))
 
-    def _expired(self, job: _Job) -> bool:
+    def _compute_seconds(self, name: str) -> Any:
+        # labels() costs a lock and a dict lookup per call: resolve each operation's child once.
+        child = self._children.get(name)
+        if child is None:
+            child = self._children[name] = self._metrics.compute_seconds.labels(name, self.device.kind)
+        return child
+
+    def _expired(self, job: _Job, settled: list[tuple[_Job, bool, Any]]) -> bool:
         """Drop a job whose deadline passed while it was queued: answered 408 and counted, never computed."""
         if job.deadline is None or time.monotonic() <= job.deadline:
             return False
         self._metrics.deadline_exceeded.inc()
         error = deadline_exceeded(f"{job.name}: the request's deadline passed while it waited for the device")
-        job.loop.call_soon_threadsafe(_settle, job.future, False, error)
+        settled.append((job, False, error))
         return True
 
-    def _compute(self, job: _Job, *, waited: bool = False) -> None:
+    def _compute(self, job: _Job, settled: list[tuple[_Job, bool, Any]], *, waited: bool = False) -> None:
         if job.future.cancelled():  # the client left while the job waited
             return
         start = time.perf_counter()
@@ -234,8 +248,8 @@ class DeviceWorker:
             ok = True
         except Exception as exc:
             ok, result = False, self._translate(exc)
-        self._metrics.compute_seconds.labels(job.name, self.device.kind).observe(time.perf_counter() - start)
-        job.loop.call_soon_threadsafe(_settle, job.future, ok, result)
+        self._compute_seconds(job.name).observe(time.perf_counter() - start)
+        settled.append((job, ok, result))
 
     def _translate(self, exc: Exception) -> Exception:
         if self.device.is_out_of_memory(exc):
@@ -250,10 +264,26 @@ class DeviceWorker:
         return exc  # lu_core's errors (422 in the handler) and bugs (500, logged there)
 
 
-def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
-    if future.cancelled():
-        return
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)
+def _settle_all(settled: list[tuple[_Job, bool, Any]]) -> None:
+    """Hand the answers to their event loops: one wake-up per loop per batch, not one per job.
+
+    ``call_soon_threadsafe`` writes to the loop's self-pipe, a system call that releases the GIL;
+    on a busy server the worker then waits for the event loop to hand the GIL back.
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+    for job, ok, value in settled:
+        by_loop.setdefault(job.loop, []).append((job.future, ok, value))
+    for loop, items in by_loop.items():
+        # RuntimeError: the loop closed (an app torn down with jobs queued): nobody waits for them.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, items)
+
+
+def _settle(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    for future, ok, value in items:
+        if future.cancelled():
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
