@@ -24,7 +24,7 @@ from bench.service import _concurrency, start_server, table
 
 
 def _scrape(url: str) -> dict[str, float]:
-    wanted = ("lu_batch_size_sum", "lu_batch_size_count", "lu_compute_seconds_sum")
+    wanted = ("lu_batch_size_sum", "lu_batch_size_count", "lu_compute_seconds_sum", "lu_worker_busy_seconds_total", "lu_worker_cpu_seconds_total")
     totals = dict.fromkeys(wanted, 0.0)
     for line in httpx.get(f"{url}/metrics").text.splitlines():
         name = line.split("{")[0].split(" ")[0]

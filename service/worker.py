@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,9 @@ class _Job:
 
 _STOP = object()
 
+# The current request's arrival ticket (see DeviceWorker.arriving): [True] until its job is queued.
+_ARRIVING: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("lu_arriving", default=None)
+
 
 def _is_live_job(item: Any) -> bool:
     return isinstance(item, _Job) and not item.future.cancelled()
@@ -81,6 +85,8 @@ class DeviceWorker:
         self._accepting = False
         self._started = threading.Event()
         self._children: dict[str, Any] = {}
+        # Requests being received that may still queue a job (written on the event loop, read here).
+        self._arriving = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -120,6 +126,30 @@ class DeviceWorker:
             raise box["error"]
         return box.get("value")
 
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Count the request being served as on its way to the queue until it queues a job or ends.
+
+        The worker waits for more jobs to merge (``LU_BATCH_DELAY_US`` at most) only while such
+        requests exist, so a request that is alone in the service is never delayed. Enter it on the
+        event loop, around a request's handling (the HTTP middleware does).
+        """
+        ticket = [True]
+        self._arriving += 1
+        token = _ARRIVING.set(ticket)
+        try:
+            yield
+        finally:
+            _ARRIVING.reset(token)
+            if ticket[0]:
+                ticket[0] = False
+                self._arriving -= 1
+
+    @property
+    def expected(self) -> int:
+        """Requests being received that have not queued their job yet."""
+        return self._arriving
+
     @property
     def depth(self) -> int:
         return self._queue.qsize() + len(self._pending)
@@ -152,6 +182,10 @@ class DeviceWorker:
                 f"{self._queue.maxsize} requests are already waiting for the {self.device.kind}; retry later",
                 self._retry_after_s,
             ) from None
+        ticket = _ARRIVING.get()
+        if ticket is not None and ticket[0]:  # queued now (never before: gather stops waiting at zero)
+            ticket[0] = False
+            self._arriving -= 1
         self._metrics.queue_depth.set(self.depth)
         return await job.future
 
@@ -181,6 +215,7 @@ class DeviceWorker:
                 max_elements=self._max_batch_elements,
                 delay_s=self._batch_delay_s,
                 is_job=_is_live_job,
+                expected=lambda: self._arriving,
             )
             metrics.batch_wait.observe(time.perf_counter() - wall)
             metrics.queue_depth.set(self.depth)
