@@ -135,5 +135,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(docs.router)
     factorizations.install(app, settings, device, metrics)
     install_components(app)
-    app.add_middleware(RequestMiddleware, settings=settings, budget=budget, metrics=metrics, arriving=worker.arriving)
+    app.add_middleware(RequestMiddleware, settings=settings, budget=budget, metrics=metrics)
     return app

@@ -96,7 +96,6 @@ def gather(
     max_elements: int,
     delay_s: float,
     is_job: Callable[[Any], bool],
-    expected: Callable[[], int] = lambda: 0,
 ) -> list[Any]:
     """``first`` and the compatible jobs after it, in arrival order.
 
@@ -104,10 +103,6 @@ def gather(
     order and are looked at first); ``take(timeout)`` takes the next queued item, waiting at
     most ``timeout`` seconds (``None``: do not wait), or raises ``queue.Empty``. Items that
     do not join the batch are appended to ``pending``, to be run next, in order.
-
-    What is already queued is always taken. Beyond it, the batch waits for more (``delay_s`` at
-    most) only while ``expected()`` says requests are on their way (being received, their job not
-    yet queued): a request alone in the service is never delayed.
     """
     key = merge_key(first) if max_batch > 1 else None
     if key is None:
@@ -131,9 +126,8 @@ def gather(
     deadline = time.perf_counter() + delay_s
     while len(batch) < max_batch:
         remaining = deadline - time.perf_counter()
-        wait = remaining > 0 and expected() > 0
         try:
-            item = take(remaining if wait else None)
+            item = take(remaining if remaining > 0 else None)
         except queue.Empty:
             break
         if not joins(item):

@@ -21,10 +21,8 @@ with status 499 (nginx's "client closed request") and logged without a traceback
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Callable
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -53,18 +51,8 @@ def reservation_of(scope: Scope) -> Reservation | None:
 
 
 class RequestMiddleware:
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        settings: Settings,
-        budget: MemoryBudget,
-        metrics: Metrics,
-        arriving: Callable[[], contextlib.AbstractContextManager[None]] | None = None,
-    ) -> None:
+    def __init__(self, app: ASGIApp, *, settings: Settings, budget: MemoryBudget, metrics: Metrics) -> None:
         self.app = app
-        # DeviceWorker.arriving: tells dynamic batching that a request may be about to queue a job.
-        self.arriving = arriving
         self.limit = settings.max_request_bytes
         self.json_limit = min(settings.max_json_bytes, settings.max_request_bytes)
         self.budget = budget
@@ -116,9 +104,7 @@ class RequestMiddleware:
                 await error_response(early)(scope, receive, tagged_send)
                 return
             scope.setdefault("state", {})[_RESERVATION] = reservation
-            arriving = self.arriving if scope["method"] in ("POST", "PUT") else None
-            with arriving() if arriving is not None else contextlib.nullcontext():
-                await self.app(scope, counted_receive, tagged_send)
+            await self.app(scope, counted_receive, tagged_send)
         except ClientDisconnect:
             state["status"] = CLIENT_CLOSED
         except Exception as exc:  # a bug: answered with the request id, logged with its traceback

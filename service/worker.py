@@ -3,22 +3,32 @@
 Compute never runs on the event loop: a route awaits :meth:`DeviceWorker.submit`,
 which queues the job or, when ``LU_MAX_QUEUE`` jobs already wait, fails at once
 with a 503 and ``Retry-After`` so that load balancers and clients back off.
-Jobs run one at a time, in order; a job whose client went away before it
+Jobs run in order, compatible queued ones merged into one call (dynamic
+batching, :mod:`service.batcher`); a job whose client went away before it
 started is skipped. Out-of-memory on the device is answered with a 503 and the
 worker frees its cached memory and goes on serving.
+
+The thread and the event loop share the GIL, so every hand-over between them
+costs: a wake-up of the other thread, and, when the other is busy, a wait for
+the GIL (up to ``sys.getswitchinterval()``, 5 ms). Hand-overs are therefore
+grouped: the jobs the event loop submits during one pass reach the thread as one
+queue item at the loop's next pass (no timer: a lone request waits only for that
+pass), and the answers of one batch go back in one ``call_soon_threadsafe``.
+Requests the loop reads together thus reach the device together, which is what
+lets batching merge them without ``LU_BATCH_DELAY_US``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
+import math
 import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +62,6 @@ class _Job:
 
 _STOP = object()
 
-# The current request's arrival ticket (see DeviceWorker.arriving): [True] until its job is queued.
-_ARRIVING: contextvars.ContextVar[list[bool] | None] = contextvars.ContextVar("lu_arriving", default=None)
-
 
 def _is_live_job(item: Any) -> bool:
     return isinstance(item, _Job) and not item.future.cancelled()
@@ -74,9 +81,19 @@ class DeviceWorker:
     ) -> None:
         self.device = device
         self._metrics = metrics
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        # Jobs reach the thread in groups: each event loop collects the jobs its callbacks submit during
+        # one pass in an outbox and hands them over once, at its next pass (see _flush). The queue holds
+        # those groups (lists), startup calls and the stop mark; its bound is kept in jobs, by submit.
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._max_queue = max_queue
+        self._outboxes: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
+        self._submitted = 0  # jobs queued, counted on the event loop
+        self._taken = 0  # jobs taken to run (or to drop), counted on the worker thread
+        # Items of a group not looked at yet; run in order, after _pending.
+        self._inbox: deque[Any] = deque()
         # Items taken out of the queue while gathering a batch that did not join it; run next, in order.
         self._pending: deque[Any] = deque()
+        self._idle_s = 0.0  # of the current batch: time spent waiting for more jobs
         self._retry_after_s = retry_after_s
         self._max_batch = max_batch
         self._batch_delay_s = batch_delay_us / 1e6
@@ -85,8 +102,6 @@ class DeviceWorker:
         self._accepting = False
         self._started = threading.Event()
         self._children: dict[str, Any] = {}
-        # Requests being received that may still queue a job (written on the event loop, read here).
-        self._arriving = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -126,33 +141,10 @@ class DeviceWorker:
             raise box["error"]
         return box.get("value")
 
-    @contextlib.contextmanager
-    def arriving(self) -> Iterator[None]:
-        """Count the request being served as on its way to the queue until it queues a job or ends.
-
-        The worker waits for more jobs to merge (``LU_BATCH_DELAY_US`` at most) only while such
-        requests exist, so a request that is alone in the service is never delayed. Enter it on the
-        event loop, around a request's handling (the HTTP middleware does).
-        """
-        ticket = [True]
-        self._arriving += 1
-        token = _ARRIVING.set(ticket)
-        try:
-            yield
-        finally:
-            _ARRIVING.reset(token)
-            if ticket[0]:
-                ticket[0] = False
-                self._arriving -= 1
-
-    @property
-    def expected(self) -> int:
-        """Requests being received that have not queued their job yet."""
-        return self._arriving
-
     @property
     def depth(self) -> int:
-        return self._queue.qsize() + len(self._pending)
+        """Jobs queued and not yet taken by the worker (the ones it computes now excluded)."""
+        return self._submitted - self._taken
 
     # ------------------------------------------------------------------ submitting
 
@@ -171,23 +163,28 @@ class DeviceWorker:
         loop = asyncio.get_running_loop()
         held = reservation.retain() if reservation is not None else None
         job = _Job(name, compute, tensors, options, loop.create_future(), loop, time.perf_counter(), held, deadline)
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
+        if self.depth >= self._max_queue:
             if held is not None:
                 held.release()
             self._metrics.rejected.labels("queue_full").inc()
             raise unavailable(
                 "overloaded",
-                f"{self._queue.maxsize} requests are already waiting for the {self.device.kind}; retry later",
+                f"{self._max_queue} requests are already waiting for the {self.device.kind}; retry later",
                 self._retry_after_s,
-            ) from None
-        ticket = _ARRIVING.get()
-        if ticket is not None and ticket[0]:  # queued now (never before: gather stops waiting at zero)
-            ticket[0] = False
-            self._arriving -= 1
+            )
+        outbox = self._outboxes.get(loop)
+        if outbox is None:
+            # The first job of this pass of the loop: hand the pass's jobs over at the next pass, so that
+            # requests the loop reads together reach the worker together (and one wake-up, not one each).
+            outbox = self._outboxes[loop] = []
+            loop.call_soon(self._flush, loop)
+        outbox.append(job)
+        self._submitted += 1
         self._metrics.queue_depth.set(self.depth)
         return await job.future
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._queue.put(self._outboxes.pop(loop))
 
     # ------------------------------------------------------------------ the thread
 
@@ -197,13 +194,22 @@ class DeviceWorker:
         finally:
             self._started.set()
         metrics = self._metrics
+        stop_by = math.inf
         while True:
-            item = self._pending.popleft() if self._pending else self._queue.get()
+            item = self._pending.popleft() if self._pending else self._next(None)
             if item is _STOP:
+                if self._outboxes and time.monotonic() < stop_by:
+                    # Jobs submitted just before the stop are still in an event loop's outbox: they are
+                    # handed over at the loop's next pass; finish them too (a closed loop: give up).
+                    stop_by = min(stop_by, time.monotonic() + 1.0)
+                    time.sleep(0.001)
+                    self._queue.put(_STOP)
+                    continue
                 return
             # Busy from here until the thread waits for the queue again: wall time (GIL waits and
             # preemption included) and the thread's own CPU time, for lu_worker_busy_seconds.
             wall, cpu = time.perf_counter(), time.thread_time()
+            self._idle_s = 0.0
             if callable(item):
                 item()
                 continue
@@ -215,8 +221,8 @@ class DeviceWorker:
                 max_elements=self._max_batch_elements,
                 delay_s=self._batch_delay_s,
                 is_job=_is_live_job,
-                expected=lambda: self._arriving,
             )
+            self._taken += len(batch)
             metrics.batch_wait.observe(time.perf_counter() - wall)
             metrics.queue_depth.set(self.depth)
             settled: list[tuple[_Job, bool, Any]] = []
@@ -231,11 +237,28 @@ class DeviceWorker:
                     if job.reservation is not None:
                         job.reservation.release()
                 _settle_all(settled)
-                metrics.worker_busy.inc(time.perf_counter() - wall)
+                metrics.worker_busy.inc(time.perf_counter() - wall - self._idle_s)
                 metrics.worker_cpu.inc(time.thread_time() - cpu)
 
+    def _next(self, timeout: float | None, block: bool = True) -> Any:
+        """The next item not looked at yet (a group's jobs one by one); queue.Empty when none comes."""
+        if self._inbox:
+            return self._inbox.popleft()
+        item = self._queue.get(block, timeout)
+        if isinstance(item, list):
+            self._inbox.extend(item[1:])
+            item = item[0]
+        return item
+
     def _take(self, timeout: float | None) -> Any:
-        return self._queue.get(timeout=timeout) if timeout is not None else self._queue.get_nowait()
+        if timeout is None:
+            return self._next(None, block=False)
+        start = time.perf_counter()
+        try:
+            return self._next(timeout)
+        finally:
+            # Waiting for more jobs (LU_BATCH_DELAY_US) is idle time, not busy time.
+            self._idle_s += time.perf_counter() - start
 
     def _compute_merged(self, jobs: list[_Job], settled: list[tuple[_Job, bool, Any]]) -> None:
         """One call for compatible jobs (see service.batcher); each alone if the call fails."""
