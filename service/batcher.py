@@ -83,6 +83,11 @@ def merge_key(job: BatchJob) -> Hashable | None:
     return job.name, job.compute, tuple(sorted(job.options.items())), tensors
 
 
+def _signature(job: BatchJob) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+    """Each tensor's name, shape and dtype: jobs of one operation with equal signatures share a key."""
+    return [(name, t.shape, t.dtype) for name, t in job.tensors.items()]
+
+
 def _elements(job: BatchJob) -> int:
     return sum(t.size for t in job.tensors.values())
 
@@ -108,10 +113,16 @@ def gather(
     if key is None:
         return [first]
     batch, elements = [first], _elements(first)
+    shapes = _signature(first)
 
     def joins(item: Any) -> bool:
         nonlocal elements
-        if len(batch) >= max_batch or not is_job(item) or merge_key(item) != key:
+        if len(batch) >= max_batch or not is_job(item):
+            return False
+        # Most often a job is just like the first (clients sending the same kind of request): then its
+        # key is the first's, found without building it (the worker's cost per merged job is the point).
+        same = item.name == first.name and item.compute is first.compute and _signature(item) == shapes
+        if not (same and item.options == first.options) and merge_key(item) != key:
             return False
         size = _elements(item)
         if elements + size > max_elements:

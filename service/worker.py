@@ -206,8 +206,8 @@ class DeviceWorker:
                     self._queue.put(_STOP)
                     continue
                 return
-            # Busy from here until the thread waits for the queue again: wall time (GIL waits and
-            # preemption included) and the thread's own CPU time, for lu_worker_busy_seconds.
+            # Busy from here until the answers are handed back: wall time (GIL waits and preemption
+            # included, a batch delay's wait not) and the thread's own CPU time (lu_worker_*_seconds).
             wall, cpu = time.perf_counter(), time.thread_time()
             self._idle_s = 0.0
             if callable(item):
@@ -236,9 +236,10 @@ class DeviceWorker:
                 for job in batch:
                     if job.reservation is not None:
                         job.reservation.release()
-                _settle_all(settled)
                 metrics.worker_busy.inc(time.perf_counter() - wall - self._idle_s)
                 metrics.worker_cpu.inc(time.thread_time() - cpu)
+                # Last: waking the event loop hands it the GIL, and the worker has nothing left to do.
+                _settle_all(settled)
 
     def _next(self, timeout: float | None, block: bool = True) -> Any:
         """The next item not looked at yet (a group's jobs one by one); queue.Empty when none comes."""
