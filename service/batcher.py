@@ -112,7 +112,8 @@ def gather(
     key = merge_key(first) if max_batch > 1 else None
     if key is None:
         return [first]
-    batch, elements = [first], _elements(first)
+    first_size = _elements(first)
+    batch, elements = [first], first_size
     shapes = _signature(first)
 
     def joins(item: Any) -> bool:
@@ -120,11 +121,19 @@ def gather(
         if len(batch) >= max_batch or not is_job(item):
             return False
         # Most often a job is just like the first (clients sending the same kind of request): then its
-        # key is the first's, found without building it (the worker's cost per merged job is the point).
-        same = item.name == first.name and item.compute is first.compute and _signature(item) == shapes
-        if not (same and item.options == first.options) and merge_key(item) != key:
+        # key and size are the first's, known without building them (the worker's cost per merged job
+        # is what batching is meant to cut).
+        if (
+            item.name == first.name
+            and item.compute is first.compute
+            and _signature(item) == shapes
+            and item.options == first.options
+        ):
+            size = first_size
+        elif merge_key(item) == key:
+            size = _elements(item)
+        else:
             return False
-        size = _elements(item)
         if elements + size > max_elements:
             return False
         batch.append(item)
@@ -160,20 +169,25 @@ def run_merged(
     jobs' parts, flattened to one batch axis, and concatenates them where the device reads them.
     """
     first = jobs[0]
-    batches = [job.tensors[next(p for p in _PRIMARY if p in job.tensors)].shape[:-2] for job in jobs]
+    primary = next(p for p in _PRIMARY if p in first.tensors)
+    batches = [job.tensors[primary].shape[:-2] for job in jobs]
     n = len(batches[0])
     counts = [math.prod(b) for b in batches]
     parts = {
-        name: [np.reshape(job.tensors[name], (c, *t.shape[n:])) for job, c in zip(jobs, counts, strict=True)]
+        # A method call, not np.reshape: this runs once per job and input.
+        name: [job.tensors[name].reshape((c, *t.shape[n:])) for job, c in zip(jobs, counts, strict=True)]
         for name, t in first.tensors.items()
     }
     outputs = run_stacked(first.compute, parts, first.options)
     answers: list[dict[str, Any]] = []
     start = 0
     for batch, count in zip(batches, counts, strict=True):
-        stop = start + count
-        answers.append(
-            {k: None if v is None else v[start:stop].reshape((*batch, *v.shape[1:])) for k, v in outputs.items()}
-        )
-        start = stop
+        if not batch:  # one matrix: index the output (a view without the batch axis, 0-d an array too)
+            answers.append({k: None if v is None else v[start, ...] for k, v in outputs.items()})
+        else:
+            stop = start + count
+            answers.append(
+                {k: None if v is None else v[start:stop].reshape((*batch, *v.shape[1:])) for k, v in outputs.items()}
+            )
+        start += count
     return answers

@@ -180,11 +180,17 @@ class DeviceWorker:
             loop.call_soon(self._flush, loop)
         outbox.append(job)
         self._submitted += 1
+        if len(outbox) >= self._max_batch:
+            # A full batch already: hand it over now, so that the worker can start on it while the loop
+            # goes on with its pass (and the queue bound sees the worker drain it).
+            self._flush(loop)
         self._metrics.queue_depth.set(self.depth)
         return await job.future
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._queue.put(self._outboxes.pop(loop))
+        outbox = self._outboxes.pop(loop, None)
+        if outbox:  # None: already handed over, full
+            self._queue.put(outbox)
 
     # ------------------------------------------------------------------ the thread
 

@@ -101,6 +101,7 @@ def assert_bit_identical(got: dict, want: dict) -> None:
         if want[k] is None:
             assert got[k] is None
             continue
+        assert isinstance(got[k], np.ndarray), k  # 0-d answers too: the encoders take arrays
         g, w = np.asarray(got[k]), np.asarray(want[k])
         assert g.shape == w.shape and g.dtype == w.dtype, k
         assert np.ascontiguousarray(g).tobytes() == np.ascontiguousarray(w).tobytes(), k
@@ -244,6 +245,11 @@ async def test_jobs_submitted_in_one_pass_of_the_loop_reach_the_worker_together(
     for tensors, got in zip(jobs, results, strict=True):
         assert_bit_identical(got, OPERATIONS["solve"].compute(tensors, options))
     assert worker.depth == 0
+    worker._max_batch = 3  # a full batch is handed over at once, without waiting for the end of the pass
+    before = after
+    await asyncio.gather(*(worker.submit("solve", OPERATIONS["solve"].compute, t, options) for t in jobs))
+    after = batch_calls(worker.metrics)
+    assert after["lu_batch_size_count"] - before["lu_batch_size_count"] == 3  # 3 + 3 + 2
 
 
 async def test_the_queue_bound_counts_jobs_not_hand_overs():
