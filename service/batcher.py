@@ -109,8 +109,19 @@ def gather(
     most ``timeout`` seconds (``None``: do not wait), or raises ``queue.Empty``. Items that
     do not join the batch are appended to ``pending``, to be run next, in order.
     """
-    key = merge_key(first) if max_batch > 1 else None
+    if max_batch <= 1:
+        return [first]
+    ahead = None
+    if not pending and delay_s <= 0:
+        # A lone job (nothing else queued, no delay to wait) runs as it is, without building its key.
+        try:
+            ahead = take(None)
+        except queue.Empty:
+            return [first]
+    key = merge_key(first)
     if key is None:
+        if ahead is not None:
+            pending.append(ahead)
         return [first]
     first_size = _elements(first)
     batch, elements = [first], first_size
@@ -143,6 +154,10 @@ def gather(
     kept = [item for item in pending if not joins(item)]
     pending.clear()
     pending.extend(kept)
+    if ahead is not None and not joins(ahead):  # pending was empty: ahead is the oldest item left
+        pending.append(ahead)
+        if not is_job(ahead):
+            return batch
     deadline = time.perf_counter() + delay_s
     while len(batch) < max_batch:
         remaining = deadline - time.perf_counter()
