@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 from bench._report import save_text
 from bench._timing import machine
@@ -57,6 +59,56 @@ def _case(url: str, n: int, clients: int, seconds: float) -> dict:
     }
 
 
+def _worker_alone(max_batch: int, clients: int, jobs: int) -> dict:
+    """The device worker in-process, without HTTP: ``clients`` coroutines each submitting 8x8 solves in turn.
+
+    What the worker costs per request with the event loop doing nothing else: the part of the
+    HTTP figures that batching can change, without the client's and the protocol's noise.
+    """
+    from service.device import CpuDevice
+    from service.metrics import Metrics
+    from service.operations import OPERATIONS
+    from service.worker import DeviceWorker
+
+    metrics = Metrics("cpu", "bench")
+    device = CpuDevice()
+    device.attach_metrics(metrics)
+    worker = DeviceWorker(device, metrics, max_queue=1024, retry_after_s=1, max_batch=max_batch)
+    op = OPERATIONS["solve"]
+    options = dict(op.options)
+    rng = np.random.default_rng(0)
+    A, B = rng.standard_normal((8, 8)) + 8 * np.eye(8), rng.standard_normal((8, 1))
+
+    def totals() -> dict[str, float]:
+        return {k: metrics.registry.get_sample_value(k) or 0.0 for k in _WANTED}
+
+    async def main() -> dict:
+        for _ in range(100):  # compiled and warm
+            await worker.submit("solve", op.compute, {"A": A, "B": B}, options)
+
+        async def client() -> None:
+            for _ in range(jobs // clients):
+                await worker.submit("solve", op.compute, {"A": A, "B": B}, options)
+
+        before, t0 = totals(), time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        elapsed, after = time.perf_counter() - t0, totals()
+        d = {k: after[k] - before[k] for k in _WANTED}
+        served = d["lu_batch_size_sum"]
+        return {
+            "requests/s": round(served / elapsed),
+            "requests per call": round(served / d["lu_batch_size_count"], 1),
+            "worker busy µs/request": round(d["lu_worker_busy_seconds_total"] / served * 1e6, 1),
+            "worker CPU µs/request": round(d["lu_worker_cpu_seconds_total"] / served * 1e6, 1),
+        }
+
+    worker.start()
+    try:
+        return asyncio.run(main())
+    finally:
+        worker.stop(10)
+
+
 def _goal(rows: list[dict], rounds: int) -> list[str]:
     """At 64 clients, n = 8: off/on ratios of busy time, req/s and p99, per round."""
     lines = [
@@ -87,6 +139,13 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None]) -> Path 
     rounds = 1 if quick else 2
     rows: list[dict] = []
     delay_rows: list[dict] = []
+    alone: list[dict] = []
+    for r in range(1, rounds + 1):
+        for clients in [1, 64]:
+            for mode, max_batch in (("off", 1), ("on", 64)):
+                row = {"round": r, "clients": clients, "batching": mode}
+                alone.append(row | _worker_alone(max_batch, clients, 640 if quick else 6400))
+                progress(f"{alone[-1]}")
     servers = {"off": start_server(LU_MAX_BATCH="1"), "on": start_server()}
     delayed = {d: start_server(LU_BATCH_DELAY_US=str(d)) for d in DELAYS}
     try:
@@ -121,6 +180,13 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None]) -> Path 
             "## Goal: 64 clients, n = 8",
             "",
             *_goal(rows, rounds),
+            "",
+            "## The worker alone (in-process, no HTTP)",
+            "",
+            "`DeviceWorker` on the CPU with coroutines of one event loop submitting 8x8 solves in turn, nothing",
+            "else running in the process: the worker's own cost per request, off (`LU_MAX_BATCH=1`) and on (64).",
+            "",
+            table(alone, list(alone[0])),
             "",
             "## Batching off and on (LU_BATCH_DELAY_US=0, the default)",
             "",
