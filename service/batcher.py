@@ -83,10 +83,9 @@ def merge_key(job: BatchJob) -> Hashable | None:
     return job.name, job.compute, tuple(sorted(job.options.items())), tensors
 
 
-def _count(job: BatchJob) -> int:
-    batch = _batch_shape(job.name, job.tensors)
-    assert batch is not None
-    return math.prod(batch)
+def _signature(job: BatchJob) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+    """Each tensor's name, shape and dtype: jobs of one operation with equal signatures share a key."""
+    return [(name, t.shape, t.dtype) for name, t in job.tensors.items()]
 
 
 def _elements(job: BatchJob) -> int:
@@ -110,16 +109,42 @@ def gather(
     most ``timeout`` seconds (``None``: do not wait), or raises ``queue.Empty``. Items that
     do not join the batch are appended to ``pending``, to be run next, in order.
     """
-    key = merge_key(first) if max_batch > 1 else None
-    if key is None:
+    if max_batch <= 1:
         return [first]
-    batch, elements = [first], _elements(first)
+    ahead = None
+    if not pending and delay_s <= 0:
+        # A lone job (nothing else queued, no delay to wait) runs as it is, without building its key.
+        try:
+            ahead = take(None)
+        except queue.Empty:
+            return [first]
+    key = merge_key(first)
+    if key is None:
+        if ahead is not None:
+            pending.append(ahead)
+        return [first]
+    first_size = _elements(first)
+    batch, elements = [first], first_size
+    shapes = _signature(first)
 
     def joins(item: Any) -> bool:
         nonlocal elements
-        if len(batch) >= max_batch or not is_job(item) or merge_key(item) != key:
+        if len(batch) >= max_batch or not is_job(item):
             return False
-        size = _elements(item)
+        # Most often a job is just like the first (clients sending the same kind of request): then its
+        # key and size are the first's, known without building them (the worker's cost per merged job
+        # is what batching is meant to cut).
+        if (
+            item.name == first.name
+            and item.compute is first.compute
+            and _signature(item) == shapes
+            and item.options == first.options
+        ):
+            size = first_size
+        elif merge_key(item) == key:
+            size = _elements(item)
+        else:
+            return False
         if elements + size > max_elements:
             return False
         batch.append(item)
@@ -129,6 +154,10 @@ def gather(
     kept = [item for item in pending if not joins(item)]
     pending.clear()
     pending.extend(kept)
+    if ahead is not None and not joins(ahead):  # pending was empty: ahead is the oldest item left
+        pending.append(ahead)
+        if not is_job(ahead):
+            return batch
     deadline = time.perf_counter() + delay_s
     while len(batch) < max_batch:
         remaining = deadline - time.perf_counter()
@@ -144,30 +173,36 @@ def gather(
 
 
 def run_merged(
-    run: Callable[[Callable[..., dict[str, Any]], Mapping[str, Any], Mapping[str, bool]], dict[str, Any]],
+    run_stacked: Callable[
+        [Callable[..., dict[str, Any]], Mapping[str, Sequence[np.ndarray]], Mapping[str, bool]], dict[str, Any]
+    ],
     jobs: Sequence[BatchJob],
 ) -> list[dict[str, Any]]:
-    """Compute ``jobs`` (compatible, at least one) in one call; each job's answer, shaped as if alone."""
+    """Compute ``jobs`` (compatible, at least one) in one call; each job's answer, shaped as if alone.
+
+    ``run_stacked`` (:meth:`service.device.Device.run_stacked`) gets each input as the list of the
+    jobs' parts, flattened to one batch axis, and concatenates them where the device reads them.
+    """
     first = jobs[0]
-    batch0 = _batch_shape(first.name, first.tensors)
-    assert batch0 is not None
-    n = len(batch0)
-    counts = [_count(j) for j in jobs]
-    pairs = list(zip(jobs, counts, strict=True))
-    stacked = {
-        name: np.concatenate([np.reshape(j.tensors[name], (c, *t.shape[n:])) for j, c in pairs])
+    primary = next(p for p in _PRIMARY if p in first.tensors)
+    batches = [job.tensors[primary].shape[:-2] for job in jobs]
+    n = len(batches[0])
+    counts = [math.prod(b) for b in batches]
+    parts = {
+        # A method call, not np.reshape: this runs once per job and input.
+        name: [job.tensors[name].reshape((c, *t.shape[n:])) for job, c in zip(jobs, counts, strict=True)]
         for name, t in first.tensors.items()
     }
-    outputs = run(first.compute, stacked, first.options)
+    outputs = run_stacked(first.compute, parts, first.options)
     answers: list[dict[str, Any]] = []
     start = 0
-    for job, count in zip(jobs, counts, strict=True):
-        batch = job.tensors[next(p for p in _PRIMARY if p in job.tensors)].shape[:-2]
-        answers.append(
-            {
-                k: None if v is None else v[start : start + count].reshape((*batch, *v.shape[1:]))
-                for k, v in outputs.items()
-            }
-        )
+    for batch, count in zip(batches, counts, strict=True):
+        if not batch:  # one matrix: index the output (a view without the batch axis, 0-d an array too)
+            answers.append({k: None if v is None else v[start, ...] for k, v in outputs.items()})
+        else:
+            stop = start + count
+            answers.append(
+                {k: None if v is None else v[start:stop].reshape((*batch, *v.shape[1:])) for k, v in outputs.items()}
+            )
         start += count
     return answers

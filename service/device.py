@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import math
 import platform
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -95,6 +96,7 @@ class Device:
         self.pinned_limit: int | None = None
         self.retry_after_s = retry_after_s
         self.metrics: Metrics | None = None
+        self._stage_children: dict[tuple[str, str], Any] = {}
 
     @property
     def name(self) -> str:
@@ -103,6 +105,7 @@ class Device:
     def attach_metrics(self, metrics: Metrics) -> None:
         """Report device memory and per-stage device time into ``metrics``."""
         self.metrics = metrics
+        self._stage_children = {}
         metrics.watch_device_memory(self)
 
     def thread_init(self) -> None:
@@ -163,6 +166,16 @@ class Device:
                 "retry later or send a smaller one"
             ) from exc
 
+    def run_stacked(
+        self, compute: Compute, parts: Mapping[str, Sequence[np.ndarray]], options: Mapping[str, bool]
+    ) -> dict[str, Any]:
+        """Compute one call over each input's ``parts`` concatenated along the first axis (dynamic batching).
+
+        The stacked batch is built once, where the device reads it: here in host memory; on a GPU
+        straight into the pinned staging buffer it is uploaded from, one copy in per input.
+        """
+        return self.run(compute, {name: np.concatenate(p) for name, p in parts.items()}, options)
+
     def _execute(
         self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]
     ) -> dict[str, Any]:
@@ -175,7 +188,12 @@ class Device:
         if self.metrics is not None:
             name = operation_name(compute)
             for stage, seconds in stages.items():
-                self.metrics.device_seconds.labels(name, stage, self.kind).observe(seconds)
+                # labels() takes a lock and builds a key per call; the worker resolves each child once.
+                child = self._stage_children.get((name, stage))
+                if child is None:
+                    child = self.metrics.device_seconds.labels(name, stage, self.kind)
+                    self._stage_children[(name, stage)] = child
+                child.observe(seconds)
 
     # ------------------------------------------------------------------ reporting
 
@@ -301,18 +319,21 @@ class GpuDevice(Device):
         )
         return host
 
+    def run_stacked(
+        self, compute: Compute, parts: Mapping[str, Sequence[np.ndarray]], options: Mapping[str, bool]
+    ) -> dict[str, Any]:
+        # Each input's parts are concatenated straight into its pinned staging buffer (or, when
+        # small, into one host array) and uploaded in one copy; the outputs come back in one copy each.
+        return self.run(compute, {name: list(p) for name, p in parts.items()}, options)
+
     def _upload(self, a: Any, stream: Any, staged: list[Any]) -> Any:
         cp = self._cp
         if isinstance(a, cp.ndarray):  # already on the device (a stored factorization's LU and pivots)
             return a
-        a = np.ascontiguousarray(a)
-        taken = self._staging.take(a.nbytes)
-        if taken is None:  # small, or over the pinned cap: a plain, synchronous copy
-            return cp.asarray(a)
-        staged.append(taken)
-        host = np.frombuffer(taken[1], dtype=np.uint8, count=a.nbytes).view(a.dtype).reshape(a.shape)
-        np.copyto(host, a)
-        dev = cp.empty(a.shape, a.dtype)
+        host = self._staging.stage(a, staged)
+        if host is None:  # small, or over the pinned cap: a plain, synchronous copy
+            return cp.asarray(np.concatenate(a) if isinstance(a, list) else a)
+        dev = cp.empty(host.shape, host.dtype)
         dev.set(host, stream=stream)
         return dev
 
@@ -376,6 +397,30 @@ class PinnedStaging:
         taken = (size, self._cp.cuda.alloc_pinned_memory(size))
         self.held_bytes += size
         return taken
+
+    def stage(self, a: np.ndarray | list[np.ndarray], staged: list[Any]) -> np.ndarray | None:
+        """``a`` (or its parts concatenated along the first axis) copied into a pinned buffer, once.
+
+        The buffer is appended to ``staged`` (give it back with :meth:`release` once the upload
+        has completed); None when ``a`` is small or the pinned cap is reached.
+        """
+        parts = a if isinstance(a, list) else None
+        if parts is not None:
+            dtype = np.result_type(*parts)
+            shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+        else:
+            dtype, shape = a.dtype, a.shape
+        nbytes = math.prod(shape) * dtype.itemsize
+        taken = self.take(nbytes)
+        if taken is None:
+            return None
+        staged.append(taken)
+        host = np.frombuffer(taken[1], dtype=np.uint8, count=nbytes).view(dtype).reshape(shape)
+        if parts is not None:
+            np.concatenate(parts, out=host)
+        else:
+            np.copyto(host, a)
+        return host
 
     def release(self, taken: list[tuple[int, Any]]) -> None:
         """Back to the free list (after the copies that read them have completed)."""

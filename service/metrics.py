@@ -47,6 +47,16 @@ class Metrics:
             "lu_batch_wait_seconds", "Time the worker spent gathering a batch (LU_BATCH_DELAY_US).",
             buckets=(0.00001, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05), registry=r,
         )  # fmt: skip
+        # Counters, not histograms: their rate is the worker's utilisation, and over requests answered
+        # (lu_batch_size_sum) its time per request, the number dynamic batching is meant to cut.
+        self.worker_busy = Counter(
+            "lu_worker_busy_seconds", "Wall time the device worker spent on jobs (not waiting for the queue).",
+            registry=r,
+        )  # fmt: skip
+        self.worker_cpu = Counter(
+            "lu_worker_cpu_seconds", "CPU time of the device worker's thread spent on jobs (GIL waits excluded).",
+            registry=r,
+        )  # fmt: skip
         self.device_seconds = Histogram(
             "lu_device_seconds", "Device time of a job by stage (upload, compute, download; CUDA events on a GPU).",
             ["operation", "stage", "device"], buckets=_LATENCY, registry=r,

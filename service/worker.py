@@ -3,15 +3,27 @@
 Compute never runs on the event loop: a route awaits :meth:`DeviceWorker.submit`,
 which queues the job or, when ``LU_MAX_QUEUE`` jobs already wait, fails at once
 with a 503 and ``Retry-After`` so that load balancers and clients back off.
-Jobs run one at a time, in order; a job whose client went away before it
+Jobs run in order, compatible queued ones merged into one call (dynamic
+batching, :mod:`service.batcher`); a job whose client went away before it
 started is skipped. Out-of-memory on the device is answered with a 503 and the
 worker frees its cached memory and goes on serving.
+
+The thread and the event loop share the GIL, so every hand-over between them
+costs: a wake-up of the other thread, and, when the other is busy, a wait for
+the GIL (up to ``sys.getswitchinterval()``, 5 ms). Hand-overs are therefore
+grouped: the jobs the event loop submits during one pass reach the thread as one
+queue item at the loop's next pass (no timer: a lone request waits only for that
+pass), and the answers of one batch go back in one ``call_soon_threadsafe``.
+Requests the loop reads together thus reach the device together, which is what
+lets batching merge them without ``LU_BATCH_DELAY_US``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 import queue
 import threading
 import time
@@ -69,9 +81,19 @@ class DeviceWorker:
     ) -> None:
         self.device = device
         self._metrics = metrics
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue)
+        # Jobs reach the thread in groups: each event loop collects the jobs its callbacks submit during
+        # one pass in an outbox and hands them over once, at its next pass (see _flush). The queue holds
+        # those groups (lists), startup calls and the stop mark; its bound is kept in jobs, by submit.
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._max_queue = max_queue
+        self._outboxes: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
+        self._submitted = 0  # jobs queued, counted on the event loop
+        self._taken = 0  # jobs taken to run (or to drop), counted on the worker thread
+        # Items of a group not looked at yet; run in order, after _pending.
+        self._inbox: deque[Any] = deque()
         # Items taken out of the queue while gathering a batch that did not join it; run next, in order.
         self._pending: deque[Any] = deque()
+        self._idle_s = 0.0  # of the current batch: time spent waiting for more jobs
         self._retry_after_s = retry_after_s
         self._max_batch = max_batch
         self._batch_delay_s = batch_delay_us / 1e6
@@ -79,6 +101,7 @@ class DeviceWorker:
         self._thread: threading.Thread | None = None
         self._accepting = False
         self._started = threading.Event()
+        self._children: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -120,7 +143,8 @@ class DeviceWorker:
 
     @property
     def depth(self) -> int:
-        return self._queue.qsize() + len(self._pending)
+        """Jobs queued and not yet taken by the worker (the ones it computes now excluded)."""
+        return self._submitted - self._taken
 
     # ------------------------------------------------------------------ submitting
 
@@ -139,19 +163,34 @@ class DeviceWorker:
         loop = asyncio.get_running_loop()
         held = reservation.retain() if reservation is not None else None
         job = _Job(name, compute, tensors, options, loop.create_future(), loop, time.perf_counter(), held, deadline)
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
+        if self.depth >= self._max_queue:
             if held is not None:
                 held.release()
             self._metrics.rejected.labels("queue_full").inc()
             raise unavailable(
                 "overloaded",
-                f"{self._queue.maxsize} requests are already waiting for the {self.device.kind}; retry later",
+                f"{self._max_queue} requests are already waiting for the {self.device.kind}; retry later",
                 self._retry_after_s,
-            ) from None
+            )
+        outbox = self._outboxes.get(loop)
+        if outbox is None:
+            # The first job of this pass of the loop: hand the pass's jobs over at the next pass, so that
+            # requests the loop reads together reach the worker together (and one wake-up, not one each).
+            outbox = self._outboxes[loop] = []
+            loop.call_soon(self._flush, loop)
+        outbox.append(job)
+        self._submitted += 1
+        if len(outbox) >= self._max_batch:
+            # A full batch already: hand it over now, so that the worker can start on it while the loop
+            # goes on with its pass (and the queue bound sees the worker drain it).
+            self._flush(loop)
         self._metrics.queue_depth.set(self.depth)
         return await job.future
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        outbox = self._outboxes.pop(loop, None)
+        if outbox:  # None: already handed over, full
+            self._queue.put(outbox)
 
     # ------------------------------------------------------------------ the thread
 
@@ -160,14 +199,26 @@ class DeviceWorker:
             self.device.thread_init()
         finally:
             self._started.set()
+        metrics = self._metrics
+        stop_by = math.inf
         while True:
-            item = self._pending.popleft() if self._pending else self._queue.get()
+            item = self._pending.popleft() if self._pending else self._next(None)
             if item is _STOP:
+                if self._outboxes and time.monotonic() < stop_by:
+                    # Jobs submitted just before the stop are still in an event loop's outbox: they are
+                    # handed over at the loop's next pass; finish them too (a closed loop: give up).
+                    stop_by = min(stop_by, time.monotonic() + 1.0)
+                    time.sleep(0.001)
+                    self._queue.put(_STOP)
+                    continue
                 return
+            # Busy from here until the answers are handed back: wall time (GIL waits and preemption
+            # included, a batch delay's wait not) and the thread's own CPU time (lu_worker_*_seconds).
+            wall, cpu = time.perf_counter(), time.thread_time()
+            self._idle_s = 0.0
             if callable(item):
                 item()
                 continue
-            waited = time.perf_counter()
             batch = gather(
                 item,
                 self._take,
@@ -177,52 +228,80 @@ class DeviceWorker:
                 delay_s=self._batch_delay_s,
                 is_job=_is_live_job,
             )
-            self._metrics.batch_wait.observe(time.perf_counter() - waited)
-            self._metrics.queue_depth.set(self.depth)
+            self._taken += len(batch)
+            metrics.batch_wait.observe(time.perf_counter() - wall)
+            metrics.queue_depth.set(self.depth)
+            settled: list[tuple[_Job, bool, Any]] = []
             try:
-                live = [job for job in batch if not self._expired(job)]
-                if not live:
-                    continue
+                live = [job for job in batch if not self._expired(job, settled)]
                 if len(live) == 1:
-                    self._compute(live[0])
-                else:
-                    self._compute_merged(live)
+                    self._compute(live[0], settled)
+                elif live:
+                    self._compute_merged(live, settled)
             finally:
                 for job in batch:
                     if job.reservation is not None:
                         job.reservation.release()
+                metrics.worker_busy.inc(time.perf_counter() - wall - self._idle_s)
+                metrics.worker_cpu.inc(time.thread_time() - cpu)
+                # Last: waking the event loop hands it the GIL, and the worker has nothing left to do.
+                _settle_all(settled)
+
+    def _next(self, timeout: float | None, block: bool = True) -> Any:
+        """The next item not looked at yet (a group's jobs one by one); queue.Empty when none comes."""
+        if self._inbox:
+            return self._inbox.popleft()
+        item = self._queue.get(block, timeout)
+        if isinstance(item, list):
+            self._inbox.extend(item[1:])
+            item = item[0]
+        return item
 
     def _take(self, timeout: float | None) -> Any:
-        return self._queue.get(timeout=timeout) if timeout is not None else self._queue.get_nowait()
+        if timeout is None:
+            return self._next(None, block=False)
+        start = time.perf_counter()
+        try:
+            return self._next(timeout)
+        finally:
+            # Waiting for more jobs (LU_BATCH_DELAY_US) is idle time, not busy time.
+            self._idle_s += time.perf_counter() - start
 
-    def _compute_merged(self, jobs: list[_Job]) -> None:
+    def _compute_merged(self, jobs: list[_Job], settled: list[tuple[_Job, bool, Any]]) -> None:
         """One call for compatible jobs (see service.batcher); each alone if the call fails."""
         start = time.perf_counter()
+        observe_wait = self._metrics.queue_wait.observe
         for job in jobs:
-            self._metrics.queue_wait.observe(start - job.queued_at)
+            observe_wait(start - job.queued_at)
         try:
-            answers = run_merged(self.device.run, jobs)
+            answers = run_merged(self.device.run_stacked, jobs)
         except Exception:
             # A singular system (check_errors) or memory: run each alone, so that every failure
             # is answered to its own request, with its own batch indices.
             for job in jobs:
-                self._compute(job, waited=True)
+                self._compute(job, settled, waited=True)
             return
         self._metrics.batch_size.observe(len(jobs))
-        self._metrics.compute_seconds.labels(jobs[0].name, self.device.kind).observe(time.perf_counter() - start)
-        for job, answer in zip(jobs, answers, strict=True):
-            job.loop.call_soon_threadsafe(_settle, job.future, True, answer)
+        self._compute_seconds(jobs[0].name).observe(time.perf_counter() - start)
+        settled.extend((job, True, answer) for job, answer in zip(jobs, answers, strict=True))
 
-    def _expired(self, job: _Job) -> bool:
+    def _compute_seconds(self, name: str) -> Any:
+        # labels() costs a lock and a dict lookup per call: resolve each operation's child once.
+        child = self._children.get(name)
+        if child is None:
+            child = self._children[name] = self._metrics.compute_seconds.labels(name, self.device.kind)
+        return child
+
+    def _expired(self, job: _Job, settled: list[tuple[_Job, bool, Any]]) -> bool:
         """Drop a job whose deadline passed while it was queued: answered 408 and counted, never computed."""
         if job.deadline is None or time.monotonic() <= job.deadline:
             return False
         self._metrics.deadline_exceeded.inc()
         error = deadline_exceeded(f"{job.name}: the request's deadline passed while it waited for the device")
-        job.loop.call_soon_threadsafe(_settle, job.future, False, error)
+        settled.append((job, False, error))
         return True
 
-    def _compute(self, job: _Job, *, waited: bool = False) -> None:
+    def _compute(self, job: _Job, settled: list[tuple[_Job, bool, Any]], *, waited: bool = False) -> None:
         if job.future.cancelled():  # the client left while the job waited
             return
         start = time.perf_counter()
@@ -234,8 +313,8 @@ class DeviceWorker:
             ok = True
         except Exception as exc:
             ok, result = False, self._translate(exc)
-        self._metrics.compute_seconds.labels(job.name, self.device.kind).observe(time.perf_counter() - start)
-        job.loop.call_soon_threadsafe(_settle, job.future, ok, result)
+        self._compute_seconds(job.name).observe(time.perf_counter() - start)
+        settled.append((job, ok, result))
 
     def _translate(self, exc: Exception) -> Exception:
         if self.device.is_out_of_memory(exc):
@@ -250,10 +329,26 @@ class DeviceWorker:
         return exc  # lu_core's errors (422 in the handler) and bugs (500, logged there)
 
 
-def _settle(future: asyncio.Future[Any], ok: bool, value: Any) -> None:
-    if future.cancelled():
-        return
-    if ok:
-        future.set_result(value)
-    else:
-        future.set_exception(value)
+def _settle_all(settled: list[tuple[_Job, bool, Any]]) -> None:
+    """Hand the answers to their event loops: one wake-up per loop per batch, not one per job.
+
+    ``call_soon_threadsafe`` writes to the loop's self-pipe, a system call that releases the GIL;
+    on a busy server the worker then waits for the event loop to hand the GIL back.
+    """
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+    for job, ok, value in settled:
+        by_loop.setdefault(job.loop, []).append((job.future, ok, value))
+    for loop, items in by_loop.items():
+        # RuntimeError: the loop closed (an app torn down with jobs queued): nobody waits for them.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_settle, items)
+
+
+def _settle(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+    for future, ok, value in items:
+        if future.cancelled():
+            continue
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)

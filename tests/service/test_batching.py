@@ -101,6 +101,7 @@ def assert_bit_identical(got: dict, want: dict) -> None:
         if want[k] is None:
             assert got[k] is None
             continue
+        assert isinstance(got[k], np.ndarray), k  # 0-d answers too: the encoders take arrays
         g, w = np.asarray(got[k]), np.asarray(want[k])
         assert g.shape == w.shape and g.dtype == w.dtype, k
         assert np.ascontiguousarray(g).tobytes() == np.ascontiguousarray(w).tobytes(), k
@@ -229,3 +230,112 @@ async def test_batching_through_http_answers_each_request(make_client):
     metrics = (await client.get("/metrics")).text
     count = next(float(x.split()[1]) for x in metrics.splitlines() if x.startswith("lu_batch_size_count"))
     assert count < 16  # merged into fewer calls than requests
+
+
+async def test_jobs_submitted_in_one_pass_of_the_loop_reach_the_worker_together(worker):
+    """No hold, no delay: requests the event loop handles in one pass are one hand-over, so one call."""
+    rng = np.random.default_rng(8)
+    options = dict(OPERATIONS["solve"].options)
+    jobs = [inputs_for("solve", (), 8, np.float64, rng) for _ in range(8)]
+    before = batch_calls(worker.metrics)
+    results = await asyncio.gather(*(worker.submit("solve", OPERATIONS["solve"].compute, t, options) for t in jobs))
+    after = batch_calls(worker.metrics)
+    assert after["lu_batch_size_count"] - before.get("lu_batch_size_count", 0) == 1
+    assert after["lu_batch_size_sum"] - before.get("lu_batch_size_sum", 0) == 8
+    for tensors, got in zip(jobs, results, strict=True):
+        assert_bit_identical(got, OPERATIONS["solve"].compute(tensors, options))
+    assert worker.depth == 0
+    worker._max_batch = 3  # a full batch is handed over at once, without waiting for the end of the pass
+    before = after
+    await asyncio.gather(*(worker.submit("solve", OPERATIONS["solve"].compute, t, options) for t in jobs))
+    after = batch_calls(worker.metrics)
+    assert after["lu_batch_size_count"] - before["lu_batch_size_count"] == 3  # 3 + 3 + 2
+
+
+async def test_the_queue_bound_counts_jobs_not_hand_overs():
+    metrics = Metrics("cpu", "test")
+    worker = DeviceWorker(CpuDevice(), metrics, max_queue=3, retry_after_s=2, max_batch=64)
+    worker.start()
+    try:
+        rng = np.random.default_rng(9)
+        options = dict(OPERATIONS["solve"].options)
+        jobs = [inputs_for("solve", (), 4, np.float64, rng) for _ in range(5)]
+        gate, holder = hold(worker)
+        submits = [worker.submit("solve", OPERATIONS["solve"].compute, t, options) for t in jobs]
+        futures = [asyncio.ensure_future(s) for s in submits]
+        await asyncio.sleep(0.05)
+        assert worker.depth == 3
+        gate.set()
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        holder.join()
+        refused = [r for r in results if isinstance(r, Exception)]
+        assert len(refused) == 2 and all(r.status == 503 and r.headers["Retry-After"] == "2" for r in refused)
+        assert all(isinstance(r, dict) for r in results[:3])
+        assert worker.depth == 0
+    finally:
+        worker.stop(10)
+
+
+async def test_worker_busy_and_cpu_time_are_counted(worker):
+    def total(name: str) -> float:
+        line = next(x for x in worker.metrics.render().decode().splitlines() if x.startswith(name + " "))
+        return float(line.split()[1])
+
+    before = total("lu_worker_busy_seconds_total"), total("lu_worker_cpu_seconds_total")
+    rng = np.random.default_rng(10)
+    options = dict(OPERATIONS["solve"].options)
+    await worker.submit("solve", OPERATIONS["solve"].compute, inputs_for("solve", (), 64, np.float64, rng), options)
+    after = total("lu_worker_busy_seconds_total"), total("lu_worker_cpu_seconds_total")
+    assert after[0] > before[0] and after[1] > before[1]
+
+
+class _FakeCupy:
+    """Just enough of CuPy for GpuDevice._upload and PinnedStaging, counting host-to-device copies."""
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[tuple[int, ...], bool]] = []  # (shape, from pinned staging)
+        self.pinned: list[bytearray] = []
+        fake = self
+
+        class ndarray:  # CuPy's name
+            def __init__(self, shape, dtype) -> None:
+                self.shape, self.dtype, self.data = tuple(shape), np.dtype(dtype), None
+
+            def set(self, host, stream=None) -> None:
+                fake.copies.append((host.shape, any(np.shares_memory(host, np.frombuffer(b)) for b in fake.pinned)))
+                self.data = host.copy()
+
+        def asarray(a):
+            fake.copies.append((a.shape, False))
+            out = ndarray(a.shape, a.dtype)
+            out.data = np.array(a)
+            return out
+
+        def alloc_pinned_memory(size: int) -> bytearray:
+            fake.pinned.append(bytearray(size))
+            return fake.pinned[-1]
+
+        self.ndarray, self.asarray = ndarray, asarray
+        self.empty = ndarray
+        self.cuda = type("cuda", (), {"alloc_pinned_memory": staticmethod(alloc_pinned_memory)})
+
+
+@pytest.mark.parametrize("n", [8, 64])  # staged through pinned memory only from PinnedStaging.MIN_BYTES
+def test_gpu_stacked_batch_is_built_once_and_copied_in_once(n):
+    """On a GPU the merged call's inputs are concatenated once, where they are uploaded from: one copy in each."""
+    from service.device import GpuDevice, PinnedStaging
+
+    cp = _FakeCupy()
+    device = object.__new__(GpuDevice)  # no GPU here: the upload path with a stand-in for CuPy
+    device._cp, device._staging = cp, PinnedStaging(cp, None)
+    rng = np.random.default_rng(11)
+    parts = [rand(rng, (k, n, n), np.float64) for k in (1, 3, 2, 1)]
+    staged: list = []
+    for _ in range(2):  # the second batch reuses the pinned buffer of the first
+        cp.copies.clear()
+        dev = device._upload(list(parts), None, staged)
+        big = sum(p.nbytes for p in parts) >= PinnedStaging.MIN_BYTES
+        assert cp.copies == [((7, n, n), big)]  # one copy in, of the whole stacked batch
+        assert dev.data.tobytes() == np.concatenate(parts).tobytes()
+        device._staging.release(staged)
+        assert len(cp.pinned) == (1 if big else 0)
