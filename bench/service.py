@@ -4,8 +4,7 @@ Starts ``python -m service`` on loopback (as a user would) and measures, in one 
 
 * receiving one 128 MiB binary request (read in full, decoded, refused before compute)
   against a plain loopback TCP copy of the same bytes, rep by rep: the receive cost in
-  plain copies (goal <= 1.2); beside it the same service without the receive-buffer pool
-  and with glibc's malloc defaults.
+  plain copies (goal <= 1.2); beside it the same service without the receive-buffer pool.
 * ``lu_solve`` round trips at n = 256, 1024, 2048, 4096 (float64, one right-hand
   side; the request carries the n x n factorization) in JSON and in the binary
   framing, against the in-process ``lu_core.lu_solve`` call and against a plain
@@ -698,8 +697,6 @@ PARTS = ("transport", "concurrency", "stored", "grpc")
 # The service with one part of the transport turned off, for the receive table (no warm-up: nothing computes).
 RECEIVE_VARIANTS = {
     "service, no buffer pool (LU_BODY_POOL_BYTES=0)": {"LU_BODY_POOL_BYTES": "0"},
-    # Any GLIBC_TUNABLES makes service.malloc leave glibc's defaults alone.
-    "service, glibc malloc defaults": {"GLIBC_TUNABLES": "glibc.malloc.check=0"},
 }
 
 

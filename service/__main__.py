@@ -52,10 +52,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lu-service: invalid settings:\n{exc}", file=sys.stderr)
         return EXIT_CONFIG
     configure_logging(settings.log_level, settings.log_json)
-    # Before anything big is allocated: glibc's thresholds for large per-request arrays (no-op elsewhere).
-    from service.malloc import tune
-
-    tune()
     try:
         sock = listen(settings.host, settings.port)
     except OSError as exc:
