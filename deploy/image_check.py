@@ -7,7 +7,8 @@ a JSON ``/solve`` and a binary ``/v2`` (``tritonclient.http``) answer correct, t
 process runs as uid 10001, and SIGTERM ends it within the grace period after delivering
 the answer that was in flight.
 
-``gpu`` image, on a machine without a GPU: CuPy imports; every ``.cu`` file compiles
+``gpu`` image, on a machine without a GPU: CuPy imports; nvmath-python imports and finds
+cuSOLVER (``solve_refined``'s IRS path); every ``.cu`` file compiles
 through NVRTC as the backend compiles it (the NVRTC test of ``tests/lu_core/_gpu`` run
 inside the image with the image's CuPy); ``LU_DEVICE=auto`` starts on the CPU and logs it;
 ``LU_DEVICE=gpu`` (the image's default) exits non-zero naming the missing device.
@@ -264,7 +265,19 @@ def check_gpu(engine: Engine, image: str, report: Report) -> None:
         assert done.returncode == 0, done.stdout + done.stderr
         return f"cupy {done.stdout.strip()}"
 
+    def nvmath_finds_cusolver() -> str:
+        # solve_refined's cuSOLVER IRS path: nvmath-python (installed without its CUDA extra) must
+        # import and locate the cuSOLVER that CuPy's wheels brought.
+        code = (
+            "import nvmath, nvmath.bindings.cusolverDn; from cuda.pathfinder import load_nvidia_dynamic_lib as f; "
+            "print(nvmath.__version__, f('cusolver').abs_path)"
+        )
+        done = run(["python", "-c", code])
+        assert done.returncode == 0, done.stdout + done.stderr
+        return f"nvmath {done.stdout.strip()}"
+
     report.check("gpu: CuPy imports", cupy_imports)
+    report.check("gpu: nvmath-python imports and finds cuSOLVER", nvmath_finds_cusolver)
     report.check("gpu: every .cu compiles through NVRTC as the backend compiles it", lambda: _nvrtc(run))
 
     def auto_falls_back() -> str:
