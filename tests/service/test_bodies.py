@@ -353,3 +353,17 @@ def test_real_server_answers_expect_100_continue_before_the_body(server):
     )
     _, out = parse_binary(content, hlen)
     np.testing.assert_allclose(out["X"], np.linalg.solve(system["A"], system["B"]))
+
+
+@pytest.mark.parametrize("value", ["-1", "lots", "1e400", "2.5"])
+def test_the_pool_setting_refuses_bad_values(monkeypatch, value):
+    """LU_BODY_POOL_BYTES is a byte count >= 0 (0 turns the pool off); anything else stops the start."""
+    from pydantic import ValidationError
+
+    from service.config import Settings
+
+    monkeypatch.setenv("LU_BODY_POOL_BYTES", value)
+    with pytest.raises(ValidationError, match="body_pool_bytes"):
+        Settings()
+    monkeypatch.setenv("LU_BODY_POOL_BYTES", "0")
+    assert Settings().body_pool_bytes == 0
