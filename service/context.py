@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 from contextvars import ContextVar
 
 __all__ = ["choose_request_id", "current_request_id", "request_id_var"]
@@ -18,5 +18,6 @@ def current_request_id() -> str:
 
 
 def choose_request_id(given: str | None) -> str:
-    """The client's id when it is well-formed (``X-Request-ID``, or gRPC ``x-request-id``), else a fresh one."""
-    return given if given and _VALID_ID.fullmatch(given) else uuid.uuid4().hex
+    """The client's id when it is well-formed (``X-Request-ID``, or gRPC ``x-request-id``), else a fresh one
+    (128 random bits in hex, as ``uuid4().hex`` but without building a UUID)."""
+    return given if given and _VALID_ID.fullmatch(given) else os.urandom(16).hex()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import reprlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from fastapi import FastAPI, Request
@@ -19,7 +19,10 @@ from starlette.responses import Response
 import lu_core
 from service.context import current_request_id
 
-__all__ = ["ServiceError", "brief", "error_response", "install_handlers"]
+if TYPE_CHECKING:
+    from service.metrics import Metrics
+
+__all__ = ["ServiceError", "answer_error", "brief", "error_response", "install_handlers"]
 
 log = logging.getLogger("service.errors")
 
@@ -108,13 +111,17 @@ _HTTP_CODES = {
 }
 
 
-def _answer(request: Request, exc: ServiceError) -> Response:
-    metrics = getattr(request.app.state, "metrics", None)
+def answer_error(metrics: Metrics | None, exc: ServiceError) -> Response:
+    """The error answer of a route (counted in ``lu_errors_total``; a 5xx is logged too)."""
     if metrics is not None:
         metrics.errors.labels(exc.code).inc()
     if exc.status >= 500:
         log.warning("%s: %s", exc.code, exc.message)
     return error_response(exc)
+
+
+def _answer(request: Request, exc: ServiceError) -> Response:
+    return answer_error(getattr(request.app.state, "metrics", None), exc)
 
 
 def install_handlers(app: FastAPI) -> None:

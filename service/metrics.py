@@ -74,6 +74,9 @@ class Metrics:
             "lu_device_info", "The device this process computes on (always 1).", ["device", "name"], registry=r
         )
         info.labels(device_kind, device_name).set(1)
+        # observe_request's labelled children by (endpoint, method, status): a bounded set (route
+        # templates, the methods the HTTP parser accepts, status codes), like the series themselves.
+        self._request_children: dict[tuple[str, str, str], tuple[Any, Any, Any, Any]] = {}
 
     def protocol_refusal(self, status: int, code: str) -> None:
         """A request refused by the HTTP protocol layer (timeout, header size, unparsable) before the app saw it."""
@@ -112,10 +115,21 @@ class Metrics:
         self, endpoint: str, method: str, status: str, seconds: float, bytes_in: int, bytes_out: int
     ) -> None:
         """Count one answered request (HTTP: method and status code; gRPC: ``gRPC`` and the status name)."""
-        self.requests.labels(endpoint, method, status, self.device).inc()
-        self.latency.labels(endpoint, self.device).observe(seconds)
-        self.bytes_in.labels(endpoint).inc(bytes_in)
-        self.bytes_out.labels(endpoint).inc(bytes_out)
+        key = (endpoint, method, status)
+        children = self._request_children.get(key)
+        if children is None:  # label lookups cost more than the updates: done once per label set
+            children = (
+                self.requests.labels(endpoint, method, status, self.device),
+                self.latency.labels(endpoint, self.device),
+                self.bytes_in.labels(endpoint),
+                self.bytes_out.labels(endpoint),
+            )
+            self._request_children[key] = children
+        requests, latency, received, sent = children
+        requests.inc()
+        latency.observe(seconds)
+        received.inc(bytes_in)
+        sent.inc(bytes_out)
 
     def watch_device_memory(self, device: Device) -> None:
         """Gauges read from the device at each scrape: memory in use and its limits."""

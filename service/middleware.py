@@ -25,7 +25,6 @@ import logging
 import time
 from typing import Any
 
-from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -63,14 +62,13 @@ class RequestMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = Headers(scope=scope)
-        rid = choose_request_id(headers.get("x-request-id"))
+        given_id, declared, binary = _scan_headers(scope["headers"])
+        rid = choose_request_id(given_id)
         token = request_id_var.set(rid)
         start = time.perf_counter()
         state: dict[str, Any] = {"status": 500, "in": 0, "out": 0, "started": False}
-        fmt = "binary" if HEADER_LENGTH in headers else "json"
-        limit = self.limit if fmt == "binary" else self.json_limit
-        declared = headers.get("content-length")
+        fmt = "binary" if binary else "json"
+        limit = self.limit if binary else self.json_limit
         reservation: Reservation | None = None
 
         async def counted_receive() -> Message:
@@ -157,6 +155,29 @@ class RequestMiddleware:
                 "bytes_out": state["out"],
             },
         )
+
+
+_HEADER_LENGTH = HEADER_LENGTH.encode()
+
+
+def _scan_headers(raw: list[tuple[bytes, bytes]]) -> tuple[str | None, str | None, bool]:
+    """X-Request-ID, Content-Length and whether the binary framing's header is there, in one pass.
+
+    As ``starlette.datastructures.Headers.get`` would find them (the first of repeated headers;
+    names arrive lower-cased from the server), without building a ``Headers`` per request.
+    """
+    given_id = declared = None
+    binary = False
+    for name, value in raw:
+        if name == b"content-length":
+            if declared is None:
+                declared = value.decode("latin-1")
+        elif name == b"x-request-id":
+            if given_id is None:
+                given_id = value.decode("latin-1")
+        elif name == _HEADER_LENGTH:
+            binary = True
+    return given_id, declared, binary
 
 
 def _too_large(limit: int, fmt: str, what: str) -> ServiceError:

@@ -91,15 +91,18 @@ class Operation:
             )
         return opts
 
-    def device_bytes(self, tensors: Arrays, options: Mapping[str, bool]) -> int:
-        """Device memory the job needs at least, from the shapes: its inputs and outputs.
+    def device_bytes(self, tensors: Arrays, options: Mapping[str, bool], elements: int | None = None) -> int:
+        """Device memory the job needs at least, from the shapes: its inputs and outputs
+        (``elements``: ``output_elements`` when the caller has it already).
 
         Outputs are counted in the computing dtype (integer inputs compute in float64);
         workspace is not known in advance and is not counted.
         """
         inputs = sum(int(getattr(t, "nbytes", 0)) for t in tensors.values())
         sizes = [_compute_itemsize(t) for name, t in tensors.items() if name != "pivots"]
-        return inputs + self.output_elements(tensors, options) * max(sizes, default=8)
+        if elements is None:
+            elements = self.output_elements(tensors, options)
+        return inputs + elements * max(sizes, default=8)
 
 
 def _compute_itemsize(a: Any) -> int:
@@ -138,6 +141,8 @@ def _unpack_size(shape: tuple[int, ...], data: bool, pivots: bool) -> int:
 
 
 def _broadcast_batch(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    if a[:-2] == b[:-2]:
+        return work_elements(a[:-2])  # the usual case, without numpy's broadcasting machinery
     try:
         return work_elements(np.broadcast_shapes(a[:-2], b[:-2]))
     except ValueError:

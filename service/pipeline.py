@@ -64,10 +64,10 @@ async def compute(
     seen = decoded.tensors if tensors is None else tensors
     options = op.prepare(seen, decoded.options, state.settings.max_elements)
     # Refused here, before the job is queued and anything reaches the device.
-    state.worker.device.check_fits(op.device_bytes(seen, options), op.name)
+    elements = op.output_elements(seen, options)
+    state.worker.device.check_fits(op.device_bytes(seen, options, elements), op.name)
     if reservation is not None and answer:  # the answer's memory, known from the shapes, before the job is queued
         fmt = "binary" if decoded.binary and all(decoded.binary_outputs.values()) else "json"
-        elements = op.output_elements(seen, options)
         reservation.grow(answer_bytes(fmt, elements, _itemsize(seen)), f"the answer of {op.name}")
     name, fn = job if job is not None else (op.name, op.compute)
     return await state.worker.submit(

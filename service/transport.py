@@ -20,12 +20,24 @@ from service.footprint import BODY_FACTOR
 from service.middleware import reservation_of
 from service.protocol import BODY_SINK, READ_STARTED, BodySink
 
-__all__ = ["BodyResponse", "offload", "read_body", "request_format"]
+__all__ = ["BodyResponse", "header", "offload", "read_body", "request_format"]
 
 T = TypeVar("T")
 
+_HEADER_LENGTH = HEADER_LENGTH.encode()
 # Below this many bytes, decoding or encoding on the event loop is cheaper than a thread hop.
 OFFLOAD_BYTES = 1 << 20
+# Below this many bytes, an answer's chunks are joined and sent in one message (one socket write).
+JOIN_BYTES = 1 << 16
+
+
+def header(request: Request, name: bytes) -> str | None:
+    """The first value of header ``name`` (lower case), as ``request.headers.get`` but without its
+    ``KeyError`` for an absent header (which cost more than the rest of a small request's checks)."""
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
 
 
 def request_format(request: Request) -> tuple[Literal["json", "binary"], str | None]:
@@ -34,8 +46,8 @@ def request_format(request: Request) -> tuple[Literal["json", "binary"], str | N
     The binary framing is told by its header alone; a declared type other than JSON, octet-stream
     or none (a form, say) is still a 415, since such a body is certainly not an inference request.
     """
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    header_length = request.headers.get(HEADER_LENGTH)
+    content_type = (header(request, b"content-type") or "").split(";")[0].strip().lower()
+    header_length = header(request, _HEADER_LENGTH)
     if content_type not in ("", "application/json", "application/octet-stream"):
         raise ServiceError(
             415,
@@ -72,12 +84,14 @@ async def read_body(request: Request) -> memoryview | bytes:
     which are reserved too.
     """
     settings = request.app.state.settings
-    started = request.scope.get(READ_STARTED, anyio.current_time())
+    started = request.scope.get(READ_STARTED)
+    if started is None:  # not served by service.protocol (a test client)
+        started = anyio.current_time()
     deadline = ReadDeadline(started, settings.read_timeout_s, settings.min_upload_rate)
     inflater = _inflater(request)
     if inflater is not None:
         return await _inflate(_within(request, deadline), inflater)
-    declared = request.headers.get("content-length")
+    declared = header(request, b"content-length")
     if declared is None or not declared.isdigit():
         return b"".join([chunk async for chunk in _within(request, deadline)])  # chunked: counted as it streams
     size = int(declared)
@@ -180,8 +194,11 @@ async def _within(request: Request, deadline: ReadDeadline) -> AsyncIterator[byt
 
 def _inflater(request: Request) -> Inflater | None:
     """An inflater for a compressed body, bounded and reserved as the body's format is (415 for other codings)."""
+    coding = header(request, b"content-encoding")
+    if coding is None:
+        return None  # the usual case, decided before any other work
     settings = request.app.state.settings
-    fmt = "binary" if HEADER_LENGTH in request.headers else "json"
+    fmt = "binary" if header(request, _HEADER_LENGTH) is not None else "json"
     if fmt == "binary":
         limit, name = settings.max_request_bytes, "LU_MAX_REQUEST_BYTES"
     else:
@@ -193,7 +210,7 @@ def _inflater(request: Request) -> Inflater | None:
         if reservation is not None:
             reservation.grow(BODY_FACTOR[fmt] * nbytes, "the inflated body")
 
-    return inflater_for(request.headers.get("content-encoding"), limit, reserve, name)
+    return inflater_for(coding, limit, reserve, name)
 
 
 async def _inflate(chunks: AsyncIterator[bytes], inflater: Inflater) -> memoryview:
@@ -217,9 +234,22 @@ class BodyResponse(Response):
     """Sends an :class:`EncodedBody` chunk by chunk with its exact Content-Length (no join copy)."""
 
     def __init__(self, body: EncodedBody, status_code: int = 200) -> None:
-        self._chunks = body.chunks
-        super().__init__(status_code=status_code, media_type=body.media_type, headers=body.headers)
-        self.headers["content-length"] = str(body.length)
+        # Response.__init__ would render an empty body and set its headers, to be corrected after:
+        # the same attributes, set once.
+        self.status_code = status_code
+        self.media_type = body.media_type
+        self.background = None
+        self.body = b""
+        length = body.length
+        chunks = body.chunks
+        if len(chunks) > 1 and length <= JOIN_BYTES:
+            chunks = [b"".join(chunks)]  # a small answer: one write to the socket, not one per tensor
+        self._chunks = chunks
+        self.raw_headers = [
+            (b"content-length", str(length).encode()),
+            (b"content-type", body.media_type.encode("latin-1")),
+            *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in body.headers.items()),
+        ]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
