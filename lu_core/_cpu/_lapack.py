@@ -29,7 +29,7 @@ from lu_core._cpu import _tuning
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
-_controller: ThreadpoolController | None = None
+_blas: list = []  # threadpoolctl's controllers of the loaded BLAS libraries, found with the pool
 
 
 def _workers() -> int:
@@ -39,20 +39,23 @@ def _workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+_WORKERS = _workers()  # the cores this process may use, read once
+
+
 def _run_chunked(task: Callable[[int, int], None], count: int, n: int) -> None:
-    global _pool, _controller
+    global _pool, _blas
     if n > _tuning.LAPACK_POOL_MAX_N:
         task(0, count)  # one matrix at a time, BLAS threaded inside each
         return
-    workers = min(_workers(), count)
-    with _lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="lu_core-lapack")
-            _controller = ThreadpoolController()
-    assert _controller is not None
-    assert _pool is not None
+    if _pool is None:
+        with _lock:
+            if _pool is None:
+                _blas = ThreadpoolController().select(user_api="blas").lib_controllers
+                _pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="lu_core-lapack")
+    workers = min(_WORKERS, count)
     # One BLAS thread even for a single matrix, so that it rounds as it would in a batch.
-    with _controller.limit(limits=1, user_api="blas"):
+    before = _one_blas_thread()
+    try:
         if workers <= 1:
             task(0, count)
             return
@@ -60,6 +63,28 @@ def _run_chunked(task: Callable[[int, int], None], count: int, n: int) -> None:
         futures = [_pool.submit(task, int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds)]
         for f in futures:
             f.result()
+    finally:
+        _restore_blas_threads(before)
+
+
+def _one_blas_thread() -> list[int]:
+    """Every BLAS library at one thread; returns their counts before, for :func:`_restore_blas_threads`.
+
+    What ``ThreadpoolController.limit(limits=1, user_api="blas")`` does, through the same
+    library controllers (found once), without its bookkeeping: that costs ~25 us a call,
+    more than ``getrs`` of one 32x32 matrix (5 us).
+    """
+    before = [lib.get_num_threads() for lib in _blas]
+    for lib, threads in zip(_blas, before, strict=True):
+        if threads != 1:
+            lib.set_num_threads(1)
+    return before
+
+
+def _restore_blas_threads(before: list[int]) -> None:
+    for lib, threads in zip(_blas, before, strict=True):
+        if threads != 1:
+            lib.set_num_threads(threads)
 
 
 def getrf(s: np.ndarray, piv0: np.ndarray, info: np.ndarray) -> None:

@@ -161,3 +161,32 @@ def test_solve_equals_factor_then_solve(rng, dtype, n):
     }
     for name, (fused, composed) in cases.items():
         assert _bits(fused) == _bits(composed), f"{name}: solve differs from lu_factor + lu_solve"
+
+
+@pytest.mark.parametrize("batch", [1, 5])
+def test_lapack_calls_hold_blas_to_one_thread_and_restore_it(rng, batch):
+    """The LAPACK path runs BLAS single-threaded (same bits alone and in a batch) and leaves the
+    caller's BLAS thread count as it found it, on success and on failure."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from lu_core._cpu import _lapack
+
+    n = _tuning.FACTOR_KERNEL_MAX_N + 8  # past the kernels: LAPACK
+    A = well_conditioned(rng, (batch, n, n), np.float64)
+    seen: list[list[int]] = []
+    with threadpool_limits(limits=2, user_api="blas"):
+        before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+        LU, piv = lu_core.lu_factor(A)
+        X = lu_core.lu_solve(LU, piv, np.ones((batch, n, 70)))
+        np.testing.assert_allclose(A @ X, np.ones((batch, n, 70)), atol=1e-8)
+        assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
+
+    def task(lo: int, hi: int) -> None:
+        seen.append([lib.get_num_threads() for lib in _lapack._blas])
+        raise RuntimeError("inside")
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        with pytest.raises(RuntimeError, match="inside"):
+            _lapack._run_chunked(task, 1, n)
+        assert all(lib.get_num_threads() == 2 for lib in _lapack._blas)
+    assert seen and all(t == [1] * len(_lapack._blas) for t in seen)
