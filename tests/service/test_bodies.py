@@ -367,3 +367,61 @@ def test_the_pool_setting_refuses_bad_values(monkeypatch, value):
         Settings()
     monkeypatch.setenv("LU_BODY_POOL_BYTES", "0")
     assert Settings().body_pool_bytes == 0
+
+
+@pytest.mark.anyio
+async def test_no_answer_or_stored_factorization_aliases_a_pooled_body(make_client, monkeypatch):
+    """Decoded tensors are views into a pooled buffer that the next request may overwrite: every output
+    (which may outlive the request: a stored factorization) must be memory of its own."""
+    import service.pipeline as pipeline
+
+    client = await make_client()
+    leased: list[np.ndarray] = []
+    outputs: list[tuple[str, str, np.ndarray]] = []
+    take = BodyPool.take
+
+    def recording_take(self, size):
+        lease = take(self, size)
+        leased.append(np.frombuffer(lease.view, np.uint8))
+        return lease
+
+    encode = pipeline._encode
+
+    async def recording_encode(out, fn, *args):
+        outputs.extend((op, k, v) for k, v in out.items() if isinstance(v, np.ndarray) for op in [fn.__name__])
+        return await encode(out, fn, *args)
+
+    monkeypatch.setattr(BodyPool, "take", recording_take)
+    monkeypatch.setattr(pipeline, "_encode", recording_encode)
+    n = 96  # 96 x 96 float64: 72 KiB, over MIN_POOLED
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((n, n)) + n * np.eye(n)
+    LU, piv = scipy_lu(A)
+    B = rng.standard_normal((n, n))
+    cases = [
+        ("lu_factor", {"A": A}, {}), ("lu_factor", {"A": A}, {"pivot": False}),
+        ("lu_unpack", {"LU": LU, "pivots": piv}, {}), ("lu_unpack", {"LU": LU, "pivots": piv}, {"unpack_data": False}),
+        ("lu_unpack", {"LU": LU, "pivots": piv}, {"unpack_pivots": False}),
+        ("lu_solve", {"LU": LU, "pivots": piv, "B": B}, {}), ("lu_solve", {"LU": LU, "pivots": piv, "B": B}, {"left": False}),
+        ("lu", {"A": A}, {}), ("solve", {"A": A, "B": B}, {}), ("solve", {"A": A, "B": B}, {"left": False}),
+        ("solve_refined", {"A": A, "B": B}, {}), ("lu_rcond", {"LU": LU, "pivots": piv, "anorm": np.array(n * 2.0)}, {}),
+        ("slogdet", {"A": A}, {}), ("det", {"A": A}, {}),
+    ]  # fmt: skip
+    for op, tensors, options in cases:
+        body, headers = binary_request(tensors, options)
+        r = await client.post(f"/{op}", content=body, headers=headers)
+        assert r.status_code == 200, (op, r.text)
+    body, headers = binary_request({"A": A})
+    assert (await client.put("/factorizations/kept", content=body, headers=headers)).status_code == 201
+    assert len(leased) >= len(cases) + 1 and outputs
+    for op, name, arr in outputs:
+        assert not any(np.shares_memory(arr, buf) for buf in leased), (op, name)
+    entry = client.app.state.store.get("", "kept")  # type: ignore[attr-defined]
+    assert not any(np.shares_memory(entry.LU, buf) or np.shares_memory(entry.pivots, buf) for buf in leased)
+
+
+def scipy_lu(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    import scipy.linalg
+
+    lu, piv = scipy.linalg.lu_factor(A)
+    return lu, (piv + 1).astype(np.int32)

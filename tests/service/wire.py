@@ -25,7 +25,7 @@ def binary_request(tensors: dict[str, np.ndarray], parameters: dict[str, Any] | 
     """(body, headers) in the OIP binary framing."""
     inputs, raw = [], []
     for name, arr in tensors.items():
-        arr = np.ascontiguousarray(arr)
+        arr = np.asarray(arr, order="C")  # (ascontiguousarray would make a 0-d tensor 1-d)
         data = arr.astype(arr.dtype.newbyteorder("<")).tobytes()
         inputs.append(
             {
