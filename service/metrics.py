@@ -63,6 +63,10 @@ class Metrics:
         )  # fmt: skip
         self.bytes_in = Counter("lu_request_bytes", "Request body bytes received.", ["endpoint"], registry=r)
         self.bytes_out = Counter("lu_response_bytes", "Response body bytes sent.", ["endpoint"], registry=r)
+        self.bytes_direct = Counter(
+            "lu_request_bytes_direct", "Request body bytes read from the socket straight into the request's buffer.",
+            registry=r,
+        )  # fmt: skip
         self.queue_depth = Gauge("lu_queue_depth", "Jobs waiting for the device worker.", registry=r)
         self.in_flight = Gauge("lu_requests_in_flight", "Requests being served.", registry=r)
         self.rejected = Counter("lu_rejected", "Jobs refused with a 503.", ["reason"], registry=r)

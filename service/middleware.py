@@ -121,6 +121,8 @@ class RequestMiddleware:
             sink = scope.get(BODY_SINK)  # a body the protocol wrote into the app's buffer (transport.read_body)
             if sink is not None:
                 state["in"] += sink.received
+                if sink.direct:
+                    self.metrics.bytes_direct.inc(sink.direct)
             self.metrics.in_flight.dec()
             self._record(scope, state, time.perf_counter() - start)
             request_id_var.reset(token)

@@ -31,10 +31,12 @@ app's task per 256 KiB chunk: at 128 MiB that was most of the cost of receiving)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from typing import Any
 
+import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
@@ -43,6 +45,9 @@ __all__ = ["BODY_SINK", "READ_STARTED", "BodySink", "bounded_protocol"]
 log = logging.getLogger("service.access")
 READ_STARTED = "lu.read_started"
 BODY_SINK = "lu.body_sink"
+# A body with at least this much left to arrive when the app opens its sink is read straight into the
+# app's buffer (_DirectBody); a smaller one goes through the parser, which costs less than switching.
+DIRECT_MIN = 256 << 10
 # The app answers a slow body itself (with its request id); the protocol waits this much longer before it steps in.
 _APP_GRACE_S = 0.5
 
@@ -70,9 +75,11 @@ class BodySink:
     Everything runs on the event loop's thread, the parser's callbacks included.
     """
 
-    def __init__(self, cycle: Any) -> None:
+    def __init__(self, cycle: Any, protocol: _BoundedProtocol | None = None) -> None:
         self.cycle = cycle
+        self.protocol = protocol
         self.received = 0
+        self.direct = 0  # of which read from the socket straight into the buffer (_DirectBody)
         self.overflow = False
         self._view: memoryview | None = None
         self._event: asyncio.Event | None = None
@@ -105,8 +112,10 @@ class BodySink:
         self.write(pending)
         if self.finished:
             self._event.set()
-        else:
-            self.cycle.flow.resume_reading()  # uvicorn pauses reading while a chunk waits for the app
+            return
+        if self.protocol is not None and self.remaining >= DIRECT_MIN:
+            self.protocol.receive_directly(self)
+        self.cycle.flow.resume_reading()  # uvicorn pauses reading while a chunk waits for the app
 
     def write(self, data: bytes | bytearray) -> None:
         if self._view is None:
@@ -127,9 +136,62 @@ class BodySink:
         if self._event is not None:
             await self._event.wait()
 
+    @property
+    def remaining(self) -> int:
+        """Bytes of the body still to come into the buffer (0 once closed)."""
+        return 0 if self._view is None else len(self._view) - self.received
+
+    def rest(self) -> memoryview:
+        """The part of the buffer the body's remaining bytes go to (the socket reads into it directly)."""
+        assert self._view is not None
+        return self._view[self.received :]
+
     def close(self) -> None:
         """Stop writing into the buffer (the app no longer reads, or has let the buffer go)."""
         self._view = None
+        if self.protocol is not None:
+            self.protocol.sink_closed(self)
+
+
+class _DirectBody(asyncio.BufferedProtocol):
+    """The connection's protocol while the rest of a body of known length is received straight into
+    the app's buffer (:meth:`_BoundedProtocol.receive_directly`).
+
+    The event loop reads from the socket into :meth:`BodySink.rest` (``recv_into``): the bytes
+    skip the loop's read buffer, the ``bytes`` object made of each read, the parser and the copy
+    into the app's buffer. Never more than the body's remaining length is asked for, so the
+    next request's bytes stay in the socket for the parser. After the app has let the buffer go
+    (a timeout, an error), what still arrives is read into ``spill`` and dropped, and the
+    connection closes after the answer.
+    """
+
+    def __init__(self, owner: _BoundedProtocol, sink: BodySink) -> None:
+        self.owner = owner
+        self.sink = sink
+        self.spill: memoryview | None = None
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self.sink.active:
+            return self.sink.rest()
+        if self.spill is None:
+            self.spill = memoryview(bytearray(64 << 10))
+        return self.spill
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.sink.active:
+            self.owner.body_received_directly(self.sink, nbytes)
+
+    def eof_received(self) -> bool | None:
+        return self.owner.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.owner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.owner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.owner.resume_writing()
 
 
 class _BoundedProtocol(HttpToolsProtocol):
@@ -149,6 +211,7 @@ class _BoundedProtocol(HttpToolsProtocol):
         # headers are complete: the bytes that arrive then are headers, bounded by max_header_bytes.
         self._in_headers = True
         self._sink: BodySink | None = None
+        self._direct: _DirectBody | None = None
 
     # ------------------------------------------------------------------ connection
 
@@ -193,7 +256,7 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.scope is self.scope:
-            self._sink = BodySink(self.cycle)
+            self._sink = BodySink(self.cycle, self)
             self.scope[BODY_SINK] = self._sink  # type: ignore[literal-required]
 
     def on_body(self, body: bytes) -> None:
@@ -222,6 +285,34 @@ class _BoundedProtocol(HttpToolsProtocol):
             # The request's body is still arriving (an early answer): it is not idle, and the read
             # deadline, not the keep-alive timer, bounds what remains.
             self._unset_keepalive_if_required()
+
+    # ------------------------------------------------------------------ bodies read straight into the app's buffer
+
+    def receive_directly(self, sink: BodySink) -> None:
+        """The rest of ``sink``'s body is read from the socket into its buffer (:class:`_DirectBody`)."""
+        if self._direct is None and sink is self._sink and not self.transport.is_closing():
+            self._direct = _DirectBody(self, sink)
+            self.transport.set_protocol(self._direct)
+
+    def body_received_directly(self, sink: BodySink, nbytes: int) -> None:
+        sink.received += nbytes
+        sink.direct += nbytes
+        self._body_bytes += nbytes
+        if sink.remaining == 0:
+            self._direct = None
+            self.transport.set_protocol(self)
+            # The parser never saw these bytes and still waits for them: a fresh one for the next
+            # request (uvicorn's, with its options), and the message completed as it would have.
+            self.parser = httptools.HttpRequestParser(self)
+            with contextlib.suppress(AttributeError):  # httptools < 0.6.3, as uvicorn does
+                self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+            self.on_message_complete()
+
+    def sink_closed(self, sink: BodySink) -> None:
+        if self._direct is not None and self._direct.sink is sink and self.cycle is not None:
+            # The app let the buffer go before the body's end: the parser cannot find the next
+            # request in this stream any more, so the connection closes after the answer.
+            self.cycle.keep_alive = False
 
     # ------------------------------------------------------------------ refusals
 

@@ -294,3 +294,93 @@ def test_concurrent_large_uploads_stay_within_the_budget(memory_server):
     held = metric_value(metrics, "lu_body_pool_held_bytes")
     assert metric_value(metrics, "lu_inflight_bytes") == held == metric_value(metrics, "lu_body_pool_idle_bytes")
     assert held <= 512 << 20
+
+
+# ----------------------------------------------------------------------------- bodies read straight into the buffer
+
+
+def _large_solve(n: int = 290) -> tuple[dict[str, np.ndarray], bytes]:
+    """A binary /solve of ~660 KiB (over protocol.DIRECT_MIN, under the server's 1 MiB limit) and its request."""
+    rng = np.random.default_rng(n)
+    system = {"A": rng.standard_normal((n, n)) + n * np.eye(n), "B": rng.standard_normal((n, 2))}
+    body, headers = binary_request(system)
+    head = f"POST /solve HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    return system, head.encode() + body
+
+
+def _read_response(sock: socket.socket, pending: bytearray) -> tuple[int, dict[str, str], bytes]:
+    """One response off a keep-alive connection (``pending``: bytes already read past the last one)."""
+    while b"\r\n\r\n" not in pending:
+        data = sock.recv(65536)
+        assert data, "connection closed before a response"
+        pending += data
+    head, _, rest = bytes(pending).partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+    length = int(headers["content-length"])
+    body = bytearray(rest)
+    while len(body) < length:
+        data = sock.recv(65536)
+        assert data, "connection closed inside a response"
+        body += data
+    pending[:] = body[length:]
+    return int(lines[0].split()[1]), headers, bytes(body[:length])
+
+
+def _direct_bytes(server: Server) -> float:
+    return metric_value(httpx.get(f"{server.url}/metrics").text, "lu_request_bytes_direct_total")
+
+
+def test_a_large_body_is_read_straight_into_its_buffer_and_the_connection_goes_on(server):
+    """Most of the body bypasses the parser; the parser still finds the next requests on the connection."""
+    from tests.service.wire import parse_binary
+
+    before = _direct_bytes(server)
+    system, request = _large_solve()
+    sock = connect(server)
+    sock.sendall(request[:20000])  # headers and a little body: the app opens its sink with most to come
+    time.sleep(0.3)
+    # the rest, then two more requests right behind it (pipelined): one small, one large again
+    second, again = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", request
+    sock.sendall(request[20000:] + second + again)
+    pending = bytearray()
+    for expected in ("solve", "healthz", "solve"):
+        status, headers, body = _read_response(sock, pending)
+        assert status == 200, (expected, body[:300])
+        if expected == "solve":
+            _, out = parse_binary(body, int(headers["inference-header-content-length"]))
+            np.testing.assert_allclose(system["A"] @ out["X"], system["B"], atol=1e-9)
+    sock.close()
+    assert _direct_bytes(server) - before >= len(request) - 20000 - 100_000  # the first body, mostly
+
+
+def test_a_large_body_that_stops_midway_is_a_408_and_the_connection_closes(server):
+    _, request = _large_solve()
+    sock = connect(server)
+    sock.sendall(request[:20000])
+    time.sleep(0.3)
+    sock.sendall(request[20000:400_000])  # read directly, then nothing more
+    start = time.monotonic()
+    raw = read_until_closed(sock)
+    assert time.monotonic() - start < READ_TIMEOUT_S + 5
+    status, headers, body = parse_response(raw)
+    assert (status, body["code"]) == (408, "request_timeout")
+    assert headers.get("connection") == "close"
+    sock.close()
+
+
+def test_a_client_leaving_during_a_direct_read_is_a_499(server):
+    before = len(server.log)
+    _, request = _large_solve(291)
+    sock = connect(server)
+    sock.sendall(request[:20000])
+    time.sleep(0.3)
+    sock.sendall(request[20000:300_000])
+    time.sleep(0.2)
+    sock.close()
+    time.sleep(0.5)
+    text = httpx.get(f"{server.url}/metrics").text
+    assert 'endpoint="/solve",method="POST",status="499"' in text
+    assert "Traceback" not in "".join(server.log[before:])
+    assert httpx.get(f"{server.url}/healthz").status_code == 200
