@@ -63,6 +63,12 @@ class Operation:
 
     def prepare(self, tensors: Arrays, options: Mapping[str, Any], max_elements: int) -> dict[str, Any]:
         """Check names and option types, bound the output size; return the options with defaults."""
+        return self.prepare_counted(tensors, options, max_elements)[0]
+
+    def prepare_counted(
+        self, tensors: Arrays, options: Mapping[str, Any], max_elements: int
+    ) -> tuple[dict[str, Any], int]:
+        """:meth:`prepare`, and the answer's element count (``output_elements``) it bounded."""
         unknown = sorted(set(tensors) - set(self.inputs))
         if unknown:
             raise invalid("unknown_input", f"{self.name} takes inputs {list(self.inputs)}, not {unknown}")
@@ -89,7 +95,7 @@ class Operation:
                 "output_too_large",
                 f"{self.name} would return {count} elements, more than LU_MAX_ELEMENTS = {max_elements}",
             )
-        return opts
+        return opts, count
 
     def device_bytes(self, tensors: Arrays, options: Mapping[str, bool], elements: int | None = None) -> int:
         """Device memory the job needs at least, from the shapes: its inputs and outputs
@@ -113,7 +119,10 @@ def _compute_itemsize(a: Any) -> int:
 
 
 def _dims(a: Any) -> tuple[int, ...]:
-    return tuple(int(d) for d in getattr(a, "shape", ()))
+    shape = getattr(a, "shape", ())
+    if type(shape) is tuple and all(type(d) is int for d in shape):
+        return shape  # a NumPy (or CuPy) shape already: no new tuple
+    return tuple(int(d) for d in shape)
 
 
 # Output sizes count each zero-size dimension as one (footprint.work_elements): an empty

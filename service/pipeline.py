@@ -62,9 +62,8 @@ async def compute(
     """
     control = take_control(decoded.options)
     seen = decoded.tensors if tensors is None else tensors
-    options = op.prepare(seen, decoded.options, state.settings.max_elements)
+    options, elements = op.prepare_counted(seen, decoded.options, state.settings.max_elements)
     # Refused here, before the job is queued and anything reaches the device.
-    elements = op.output_elements(seen, options)
     state.worker.device.check_fits(op.device_bytes(seen, options, elements), op.name)
     if reservation is not None and answer:  # the answer's memory, known from the shapes, before the job is queued
         fmt = "binary" if decoded.binary and all(decoded.binary_outputs.values()) else "json"
