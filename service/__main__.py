@@ -8,9 +8,11 @@ background instead of the connection being refused.
 
 from __future__ import annotations
 
+import gc
 import logging
 import socket
 import sys
+import threading
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -76,9 +78,31 @@ def main(argv: list[str] | None = None) -> int:
         log.error("%s", exc)
         sock.close()
         return EXIT_CONFIG
+    freeze_heap_when_ready(app.state.ready)
     server = uvicorn.Server(server_config(app, settings, on_refusal=app.state.metrics.protocol_refusal))
     server.run(sockets=[sock])
     return 0
+
+
+def freeze_heap_when_ready(ready: threading.Event) -> threading.Thread:
+    """Once the service is ready (warm-up done), move every object that exists then out of the cyclic
+    garbage collector's sight (``gc.freeze``).
+
+    What start-up builds (imports, Numba's compiled kernels, FastAPI's routes) lives as long as the
+    process, yet each full collection walks it: ~175,000 objects, ~130 ms on the 2-vCPU machine, a
+    stall that every request in flight pays (it was the p99 of small requests under load). Only
+    the real server does this: tests build many apps in one process and must not pin their garbage.
+    """
+
+    def freeze() -> None:
+        ready.wait()
+        gc.collect()  # what start-up left as garbage goes first, or it is kept for good
+        gc.freeze()
+        log.info("start-up heap frozen", extra={"objects": gc.get_freeze_count()})
+
+    thread = threading.Thread(target=freeze, name="lu-gc-freeze", daemon=True)
+    thread.start()
+    return thread
 
 
 def server_config(app: Any, settings: Settings, on_refusal: Any = None) -> uvicorn.Config:

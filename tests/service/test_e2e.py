@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -86,6 +87,15 @@ AUTH = {"authorization": "Bearer e2e-key"}
 def test_readyz_reports_the_cpu_and_versions(server):
     body = httpx.get(f"{server.url}/readyz").json()
     assert body["device"]["kind"] == "cpu" and body["versions"]["lu-service"]
+
+
+def test_the_start_up_heap_is_frozen_once_ready(server):
+    """The warm server keeps the garbage collector off what start-up built (service.__main__)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not any("start-up heap frozen" in line for line in server.log):
+        time.sleep(0.1)
+    line = next(line for line in server.log if "start-up heap frozen" in line)
+    assert json.loads(line)["objects"] > 10_000  # imports, kernels, routes
 
 
 def test_json_and_binary_round_trips(server, rng):
