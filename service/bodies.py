@@ -79,8 +79,9 @@ class BodyLease:
     exposed). Not thread-confined: the worker thread may release the last hold.
     """
 
-    def __init__(self, pool: BodyPool | None, buffer: np.ndarray, size: int) -> None:
+    def __init__(self, pool: BodyPool | None, buffer: np.ndarray, size: int, reused: bool = False) -> None:
         self._pool = pool
+        self.reused = reused  # a buffer that held a body before: its pages are resident
         self._buffer: np.ndarray | None = buffer
         self.size = size
         self.capacity = int(buffer.nbytes)
@@ -178,7 +179,7 @@ class BodyPool:
                 self.stats.hits += 1
         if buffer is not None:
             self._give(size)
-            return BodyLease(self, buffer, size)
+            return BodyLease(self, buffer, size, reused=True)
         if capacity > self.idle_limit or not self._take(capacity - size):
             self.stats.unpooled += 1
             return BodyLease(None, np.empty(size, np.uint8), size)

@@ -97,8 +97,12 @@ class BodySink:
         """The body has ended (complete, too long, or the client has gone)."""
         return not self.cycle.more_body or self.cycle.disconnected or self.overflow
 
-    def open(self, view: memoryview) -> None:
-        """From now on the body's bytes go into ``view``; those that arrived before are moved there first."""
+    def open(self, view: memoryview, direct: bool = False) -> None:
+        """From now on the body's bytes go into ``view``; those that arrived before are moved there first.
+
+        ``direct``: the rest, when at least ``DIRECT_MIN`` bytes, may be read from the socket straight
+        into ``view`` (:class:`_DirectBody`; for a buffer whose pages are resident).
+        """
         if self._view is not None or self.received:
             raise RuntimeError("a body sink is opened once")
         self._view = view
@@ -113,7 +117,7 @@ class BodySink:
         if self.finished:
             self._event.set()
             return
-        if self.protocol is not None and self.remaining >= DIRECT_MIN:
+        if direct and self.protocol is not None and self.remaining >= DIRECT_MIN:
             self.protocol.receive_directly(self)
         self.cycle.flow.resume_reading()  # uvicorn pauses reading while a chunk waits for the app
 

@@ -95,10 +95,10 @@ async def read_body(request: Request) -> memoryview | bytes:
     if declared is None or not declared.isdigit():
         return b"".join([chunk async for chunk in _within(request, deadline)])  # chunked: counted as it streams
     size = int(declared)
-    view = _receive_buffer(request, size)
+    view, resident = _receive_buffer(request, size)
     sink = request.scope.get(BODY_SINK)
     if isinstance(sink, BodySink):
-        await _sink_into(sink, view, deadline)
+        await _sink_into(sink, view, deadline, resident)
         return view
     got = 0
     async for chunk in _within(request, deadline):
@@ -112,8 +112,9 @@ async def read_body(request: Request) -> memoryview | bytes:
     return view
 
 
-def _receive_buffer(request: Request, size: int) -> memoryview:
-    """A buffer of exactly ``size`` bytes for the body, from the app's pool when the request has a reservation.
+def _receive_buffer(request: Request, size: int) -> tuple[memoryview, bool]:
+    """A buffer of exactly ``size`` bytes for the body, from the app's pool when the request has a reservation,
+    and whether its pages are resident (a reused buffer; a fresh one is untouched).
 
     The lease ends with the reservation (``Reservation.on_release``): when the request has ended
     *and* its job on the worker, the two parties that use the tensors decoded from these bytes.
@@ -121,21 +122,23 @@ def _receive_buffer(request: Request, size: int) -> memoryview:
     pool: BodyPool | None = getattr(request.app.state, "bodies", None)
     reservation = reservation_of(request.scope)
     if pool is None or reservation is None:
-        return memoryview(np.empty(size, np.uint8))
+        return memoryview(np.empty(size, np.uint8)), False
     lease = pool.take(size)
     reservation.on_release(lease.release)
-    return lease.view
+    return lease.view, lease.reused
 
 
-async def _sink_into(sink: BodySink, view: memoryview, deadline: ReadDeadline) -> None:
+async def _sink_into(sink: BodySink, view: memoryview, deadline: ReadDeadline, resident: bool = False) -> None:
     """The body written into ``view`` by the protocol as it arrives (:class:`service.protocol.BodySink`).
 
     The same checks as the chunk-by-chunk path: the deadline by bytes received (408), a body
     longer or shorter than its Content-Length (400), a client that left (``ClientDisconnect``).
     Closing the sink in every case is what makes the buffer safe to reuse: once this returns
-    or raises, the protocol writes nothing more into it.
+    or raises, the protocol writes nothing more into it. Only a ``resident`` buffer may be read
+    into from the socket directly: the kernel faulting in a fresh buffer's pages one by one as it
+    copies made a 128 MiB body 4.6x a plain copy, against 1.5x through the parser.
     """
-    sink.open(view)
+    sink.open(view, direct=resident)
     try:
         while not sink.finished:
             remaining = deadline.at(sink.received) - anyio.current_time()
