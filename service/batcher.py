@@ -186,6 +186,8 @@ def run_merged(
     first = jobs[0]
     primary = next(p for p in _PRIMARY if p in first.tensors)
     batches = [job.tensors[primary].shape[:-2] for job in jobs]
+    if not any(batches):
+        return _run_single(run_stacked, jobs)
     n = len(batches[0])
     counts = [math.prod(b) for b in batches]
     parts = {
@@ -206,3 +208,21 @@ def run_merged(
             )
         start += count
     return answers
+
+
+def _run_single(run_stacked: Callable[..., dict[str, Any]], jobs: Sequence[BatchJob]) -> list[dict[str, Any]]:
+    """:func:`run_merged` when every job is one matrix (the common case of many small requests).
+
+    The same call and answers, with each job's part and answers taken in C loops (``t[None]``,
+    iterating over the output's first axis) rather than reshaped one by one.
+    """
+    first = jobs[0]
+    parts = {name: [job.tensors[name][None] for job in jobs] for name in first.tensors}
+    outputs = run_stacked(first.compute, parts, first.options)
+    count = len(jobs)
+    columns = [
+        # Iterating yields v[i] for each i (views); a 1-D output's v[i] would be a NumPy scalar, v[i, ...] is 0-d.
+        [None] * count if v is None else list(v) if v.ndim > 1 else [v[i, ...] for i in range(count)]
+        for v in outputs.values()
+    ]
+    return [dict(zip(outputs, row, strict=True)) for row in zip(*columns, strict=True)]

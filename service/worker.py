@@ -233,7 +233,7 @@ class DeviceWorker:
             metrics.queue_depth.set(self.depth)
             settled: list[tuple[_Job, bool, Any]] = []
             try:
-                live = [job for job in batch if not self._expired(job, settled)]
+                live = [job for job in batch if job.deadline is None or not self._expired(job, settled)]
                 if len(live) == 1:
                     self._compute(live[0], settled)
                 elif live:
@@ -270,9 +270,7 @@ class DeviceWorker:
     def _compute_merged(self, jobs: list[_Job], settled: list[tuple[_Job, bool, Any]]) -> None:
         """One call for compatible jobs (see service.batcher); each alone if the call fails."""
         start = time.perf_counter()
-        observe_wait = self._metrics.queue_wait.observe
-        for job in jobs:
-            observe_wait(start - job.queued_at)
+        self._metrics.queue_wait.observe_many([start - job.queued_at for job in jobs])
         try:
             answers = run_merged(self.device.run_stacked, jobs)
         except Exception:

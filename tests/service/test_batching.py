@@ -109,11 +109,13 @@ def assert_bit_identical(got: dict, want: dict) -> None:
 
 @pytest.mark.parametrize("op", sorted(OPERATIONS))
 @pytest.mark.parametrize("dtype", DTYPES)
-async def test_merged_answers_are_bit_identical_to_alone(worker, op, dtype):
+# Batches of several shapes; and single matrices only (service.batcher's path for many small requests).
+@pytest.mark.parametrize("batches", [BATCHES, [()] * 5], ids=["batches", "single"])
+async def test_merged_answers_are_bit_identical_to_alone(worker, op, dtype, batches):
     rng = np.random.default_rng(7)
     options = {k: getattr(v, "default", v) for k, v in OPERATIONS[op].options.items()}  # (Option or a bool)
     for n in (3, 8, 33, 64):
-        jobs = [(op, inputs_for(op, batch, n, dtype, rng), options) for batch in BATCHES]
+        jobs = [(op, inputs_for(op, batch, n, dtype, rng), options) for batch in batches]
         before = batch_calls(worker.metrics)
         results = await run_gated(worker, jobs)
         after = batch_calls(worker.metrics)
