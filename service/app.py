@@ -68,17 +68,46 @@ class ServiceApp(FastAPI):
     inside Starlette's). On a small request, FastAPI's layers (its telemetry and body-limit
     wrappers, the exception middleware, the route matching, the dependency solving) each
     cost a coroutine frame resumed at every ``await`` and together more than the request.
+
+    The shortcut is only taken where FastAPI would do nothing more: not while
+    ``dependency_overrides`` holds anything (checked per request), and not at all
+    (decided once, when Starlette builds the middleware stack, before the first request)
+    when middleware other than the one ``RequestMiddleware`` was added, when the app has a
+    ``root_path`` or when FastAPI's ``max_body_size`` is set.
     """
 
     hot: HotRoutes | None = None
     hot_front: ASGIApp | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.hot_front is not None and self.hot is not None and self.hot.claim(scope):
+        if self.middleware_stack is None:  # as Starlette does, but here: it decides whether hot routes are served
+            self.middleware_stack = self.build_middleware_stack()
+        hot = self.hot
+        if hot is not None and self.hot_front is not None and not self.dependency_overrides and hot.claim(scope):
             scope["app"] = self
             await self.hot_front(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
+
+    def build_middleware_stack(self) -> ASGIApp:
+        stack = super().build_middleware_stack()
+        reason = self._hot_routes_refused()
+        if reason is not None and self.hot is not None:
+            log.info("compute routes served through FastAPI's router: %s", reason)
+            self.hot = self.hot_front = None
+        return stack
+
+    def _hot_routes_refused(self) -> str | None:
+        """Why FastAPI would do more for a compute route than the shortcut does, or None."""
+        classes = [m.cls for m in self.user_middleware]
+        if classes != [RequestMiddleware]:
+            names = ", ".join(getattr(c, "__name__", repr(c)) for c in classes)
+            return f"the app's middleware is [{names}], not RequestMiddleware alone (the rest would be skipped)"
+        if self.root_path:
+            return f"root_path {self.root_path!r} is set"
+        if getattr(self, "max_body_size", None) is not None:
+            return "FastAPI's max_body_size is set"
+        return None
 
 
 def create_app(settings: Settings | None = None) -> ServiceApp:
@@ -172,7 +201,11 @@ def create_app(settings: Settings | None = None) -> ServiceApp:
     factorizations.install(app, settings, device, metrics)
     install_components(app)
     app.add_middleware(RequestMiddleware, settings=settings, budget=budget, metrics=metrics)
-    hot = hot_routes([*native.router.routes, *v2.router.routes, *factorizations.router.routes])
-    app.hot = HotRoutes(hot, api_keys=settings.api_keys, metrics=metrics)
+    # The routes as the app serves them (after include_router), picked by the compute routers' endpoints.
+    declared = hot_routes([*native.router.routes, *v2.router.routes, *factorizations.router.routes])
+    served = hot_routes(app.router.routes, endpoints={r.endpoint for r in declared})
+    if len(served) != len(declared):  # pragma: no cover - a compute route not included in the app
+        raise RuntimeError(f"hot routes: {len(declared)} declared, {len(served)} served by the app")
+    app.hot = HotRoutes(served, api_keys=settings.api_keys, metrics=metrics)
     app.hot_front = RequestMiddleware(app.hot, settings=settings, budget=budget, metrics=metrics)
     return app
