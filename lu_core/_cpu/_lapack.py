@@ -6,7 +6,9 @@ chunks run on a thread pool (SciPy's LAPACK wrappers release the GIL), with BLAS
 held to one thread so the cores are not oversubscribed. Larger ones are done one
 after another with BLAS's own threads. The choice depends on the matrix size
 only, never on the batch size, because OpenBLAS's threaded and serial ``getrf``
-round differently: a matrix gets the same bits alone as inside any batch.
+round differently: a matrix gets the same bits alone as inside any batch (when
+one Python thread calls at a time: the one-BLAS-thread setting is the process's,
+held from the first concurrent call's start to the last one's end).
 
 Arrays follow the CPU backend's storage: ``s[b]`` is the transposed matrix,
 so ``s[b].T`` is the Fortran-ordered matrix LAPACK wants, with no copy.
@@ -19,7 +21,8 @@ import itertools
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
+from typing import Any
 
 import numpy as np
 from scipy.linalg import get_lapack_funcs
@@ -28,6 +31,7 @@ from threadpoolctl import ThreadpoolController
 from lu_core._cpu import _tuning
 
 _lock = threading.Lock()
+_blas_counter = threading.Lock()  # guards _blas_users and _blas_saved (below)
 _pool: ThreadPoolExecutor | None = None
 _blas: list = []  # threadpoolctl's controllers of the loaded BLAS libraries, found with the pool
 
@@ -53,38 +57,63 @@ def _run_chunked(task: Callable[[int, int], None], count: int, n: int) -> None:
                 _blas = ThreadpoolController().select(user_api="blas").lib_controllers
                 _pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="lu_core-lapack")
     workers = min(_WORKERS, count)
-    # One BLAS thread even for a single matrix, so that it rounds as it would in a batch.
-    before = _one_blas_thread()
     try:
+        # One BLAS thread even for a single matrix, so that it rounds as it would in a batch.
+        _one_blas_thread()
         if workers <= 1:
             task(0, count)
             return
         bounds = np.linspace(0, count, workers + 1).astype(int)
         futures = [_pool.submit(task, int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds)]
+        wait(futures)  # every chunk has ended before BLAS may get its threads back, a failed one or not
         for f in futures:
             f.result()
     finally:
-        _restore_blas_threads(before)
+        _restore_blas_threads()
 
 
-def _one_blas_thread() -> list[int]:
-    """Every BLAS library at one thread; returns their counts before, for :func:`_restore_blas_threads`.
+# BLAS's thread count is the process's: several Python threads in _run_chunked at once share one setting.
+# The first to enter saves the counts and sets one thread, the last to leave restores them.
+_blas_users = 0
+_blas_saved: list[tuple[Callable[[int], object], int]] = []
+
+
+def _setter(lib: Any) -> Callable[[int], object]:
+    """The library's own thread-count setter. threadpoolctl (>= 3.6) lets only one Python thread, the first
+    that set a limit, change an OpenBLAS built on pthreads, and silently ignores the others: the thread that
+    calls lu_core (the service's worker) may not be that one, and the count above already coordinates
+    the threads that call here."""
+    return getattr(lib, "_real_set_num_threads", None) or lib.set_num_threads
+
+
+def _one_blas_thread() -> None:
+    """Every BLAS library at one thread until the matching :func:`_restore_blas_threads`.
 
     What ``ThreadpoolController.limit(limits=1, user_api="blas")`` does, through the same
     library controllers (found once), without its bookkeeping: that costs ~25 us a call,
-    more than ``getrs`` of one 32x32 matrix (5 us).
+    more than ``getrs`` of one 32x32 matrix (5 us). Counted, so that concurrent callers
+    (the service's worker beside a thread of its own, say) keep one thread until the last
+    of them is done.
     """
-    before = [lib.get_num_threads() for lib in _blas]
-    for lib, threads in zip(_blas, before, strict=True):
-        if threads != 1:
-            lib.set_num_threads(1)
-    return before
+    global _blas_users, _blas_saved
+    with _blas_counter:
+        _blas_users += 1
+        if _blas_users == 1:
+            _blas_saved = [(_setter(lib), lib.get_num_threads()) for lib in _blas]
+            for set_threads, threads in _blas_saved:
+                if threads != 1:
+                    set_threads(1)
 
 
-def _restore_blas_threads(before: list[int]) -> None:
-    for lib, threads in zip(_blas, before, strict=True):
-        if threads != 1:
-            lib.set_num_threads(threads)
+def _restore_blas_threads() -> None:
+    global _blas_users, _blas_saved
+    with _blas_counter:
+        _blas_users -= 1
+        if _blas_users == 0:
+            saved, _blas_saved = _blas_saved, []
+            for set_threads, threads in saved:
+                if threads != 1:
+                    set_threads(threads)
 
 
 def getrf(s: np.ndarray, piv0: np.ndarray, info: np.ndarray) -> None:

@@ -171,12 +171,14 @@ def test_lapack_calls_hold_blas_to_one_thread_and_restore_it(rng, batch):
 
     from lu_core._cpu import _lapack
 
+    _skip_without_blas()
     n = _tuning.FACTOR_KERNEL_MAX_N + 8  # past the kernels: LAPACK
     A = well_conditioned(rng, (batch, n, n), np.float64)
     seen: list[list[int]] = []
     with threadpool_limits(limits=2, user_api="blas"):
         before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
         LU, piv = lu_core.lu_factor(A)
+        assert _lapack._blas  # found with the pool: the checks below are not vacuous
         X = lu_core.lu_solve(LU, piv, np.ones((batch, n, 70)))
         np.testing.assert_allclose(A @ X, np.ones((batch, n, 70)), atol=1e-8)
         assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
@@ -190,3 +192,90 @@ def test_lapack_calls_hold_blas_to_one_thread_and_restore_it(rng, batch):
             _lapack._run_chunked(task, 1, n)
         assert all(lib.get_num_threads() == 2 for lib in _lapack._blas)
     assert seen and all(t == [1] * len(_lapack._blas) for t in seen)
+
+
+def _skip_without_blas() -> None:
+    from threadpoolctl import ThreadpoolController
+
+    if not ThreadpoolController().select(user_api="blas").lib_controllers:
+        pytest.skip("threadpoolctl finds no BLAS library to hold to one thread")
+
+
+def _blas_threads() -> list[int]:
+    from lu_core._cpu import _lapack
+
+    return [lib.get_num_threads() for lib in _lapack._blas]
+
+
+def test_concurrent_lapack_calls_keep_one_blas_thread_until_the_last_is_done():
+    """BLAS's thread count is the process's: a call that ends while another thread's call still runs
+    LAPACK must not give BLAS its threads back under it."""
+    import threading
+
+    from threadpoolctl import threadpool_limits
+
+    from lu_core._cpu import _lapack
+
+    _skip_without_blas()
+    n = _tuning.FACTOR_KERNEL_MAX_N + 8
+    lu_core.lu_factor(np.eye(n)[None])  # finds the BLAS libraries
+    assert _lapack._blas
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[list[int]] = []
+
+    def first(lo: int, hi: int) -> None:  # enters first, leaves first
+        first_in.set()
+        assert second_in.wait(10)
+
+    def second(lo: int, hi: int) -> None:  # enters while the first runs, runs on after it has left
+        second_in.set()
+        assert first_out.wait(10)
+        seen.append(_blas_threads())
+
+    errors: list[BaseException] = []
+
+    def run(task) -> None:
+        try:
+            _lapack._run_chunked(task, 1, n)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        a = threading.Thread(target=run, args=(first,))
+        a.start()
+        assert first_in.wait(10)
+        b = threading.Thread(target=run, args=(second,))
+        b.start()
+        a.join(10)
+        first_out.set()
+        b.join(10)
+        assert not errors, errors
+        assert seen == [[1] * len(_lapack._blas)]
+        assert all(t == 2 for t in _blas_threads())  # the last one out restored the caller's count
+
+
+def test_a_failed_chunk_waits_for_the_others_before_blas_gets_its_threads_back(monkeypatch):
+    import time
+
+    from threadpoolctl import threadpool_limits
+
+    from lu_core._cpu import _lapack
+
+    _skip_without_blas()
+    n = _tuning.FACTOR_KERNEL_MAX_N + 8
+    lu_core.lu_factor(np.eye(n)[None])
+    assert _lapack._blas
+    monkeypatch.setattr(_lapack, "_WORKERS", 2)  # two chunks, whatever this machine's cores
+    seen: list[list[int]] = []
+
+    def task(lo: int, hi: int) -> None:
+        if lo == 0:
+            raise RuntimeError("first chunk")
+        time.sleep(0.3)  # still running LAPACK when the first chunk has failed
+        seen.append(_blas_threads())
+
+    with threadpool_limits(limits=2, user_api="blas"):
+        with pytest.raises(RuntimeError, match="first chunk"):
+            _lapack._run_chunked(task, 2, n)
+        assert seen == [[1] * len(_lapack._blas)]
+        assert all(t == 2 for t in _blas_threads())
