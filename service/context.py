@@ -6,7 +6,7 @@ import os
 import re
 from contextvars import ContextVar
 
-__all__ = ["choose_request_id", "current_request_id", "request_id_var"]
+__all__ = ["choose_request_id", "current_request_id", "new_request_id", "request_id_var"]
 
 _VALID_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,128}")
 
@@ -17,7 +17,11 @@ def current_request_id() -> str:
     return request_id_var.get()
 
 
+def new_request_id() -> str:
+    """A fresh request id: 128 random bits in hex (as ``uuid4().hex``, without building a UUID)."""
+    return os.urandom(16).hex()
+
+
 def choose_request_id(given: str | None) -> str:
-    """The client's id when it is well-formed (``X-Request-ID``, or gRPC ``x-request-id``), else a fresh one
-    (128 random bits in hex, as ``uuid4().hex`` but without building a UUID)."""
-    return given if given and _VALID_ID.fullmatch(given) else os.urandom(16).hex()
+    """The client's id when it is well-formed (``X-Request-ID``, or gRPC ``x-request-id``), else a fresh one."""
+    return given if given and _VALID_ID.fullmatch(given) else new_request_id()

@@ -33,12 +33,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
 from typing import Any
 
 import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from service.context import new_request_id
 
 __all__ = ["BODY_SINK", "READ_STARTED", "BodySink", "bounded_protocol"]
 
@@ -53,7 +54,7 @@ _APP_GRACE_S = 0.5
 
 
 def _error_bytes(status: int, code: str, message: str) -> bytes:
-    body = orjson.dumps({"error": message, "code": code, "request_id": uuid.uuid4().hex})
+    body = orjson.dumps({"error": message, "code": code, "request_id": new_request_id()})
     return b"".join(
         [
             STATUS_LINE[status],

@@ -207,3 +207,17 @@ async def test_api_key(make_client):
             assert r.status_code == 200, r.text
     r = await client.post("/v2/models/lu/infer", json={"inputs": []}, headers={"authorization": "Basic first-key"})
     assert_error(r, 401, "unauthorized")
+
+
+async def test_every_made_up_request_id_comes_from_one_helper(client, monkeypatch):
+    """The middleware's ids and those of the protocol's own refusals (408, 431, 400 before any request
+    object exists) are made alike: 128 random bits in hex."""
+    import service.context
+    from service.protocol import _error_bytes
+
+    monkeypatch.setattr(service.context.os, "urandom", lambda n: bytes(range(n)))  # (uuid4 would set version bits)
+    made = bytes(range(16)).hex()
+    r = await client.post("/lu_factor", content=b"{")
+    assert r.headers["x-request-id"] == r.json()["request_id"] == made
+    refusal = _error_bytes(408, "request_timeout", "slow")
+    assert json.loads(refusal.partition(b"\r\n\r\n")[2])["request_id"] == made
