@@ -332,6 +332,15 @@ def _direct_bytes(server: Server) -> float:
     return metric_value(httpx.get(f"{server.url}/metrics").text, "lu_request_bytes_direct_total")
 
 
+def _direct_bytes_grow(server: Server, before: float, at_least: int, timeout: float = 5.0) -> float:
+    """``lu_request_bytes_direct_total`` once it has grown by ``at_least`` (counted when the request ends)."""
+    deadline = time.monotonic() + timeout
+    while (grown := _direct_bytes(server) - before) < at_least and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert grown >= at_least, f"{grown} bytes read straight into the buffer, expected {at_least} or more"
+    return grown
+
+
 def _pool_a_buffer_for(server: Server, request: bytes) -> None:
     """One whole request of this size first: its buffer goes back to the pool, resident for the next."""
     with connect(server) as sock:
@@ -386,6 +395,7 @@ def test_a_fresh_buffer_is_filled_through_the_parser():
 def test_a_large_body_that_stops_midway_is_a_408_and_the_connection_closes(server):
     _, request = _large_solve()
     _pool_a_buffer_for(server, request)
+    before = _direct_bytes(server)
     sock = connect(server)
     sock.sendall(request[:20000])
     time.sleep(0.3)
@@ -397,19 +407,21 @@ def test_a_large_body_that_stops_midway_is_a_408_and_the_connection_closes(serve
     assert (status, body["code"]) == (408, "request_timeout")
     assert headers.get("connection") == "close"
     sock.close()
+    _direct_bytes_grow(server, before, 400_000 - 20000 - 100_000)  # the part sent, read from the socket directly
 
 
 def test_a_client_leaving_during_a_direct_read_is_a_499(server):
     before = len(server.log)
     _, request = _large_solve(291)
     _pool_a_buffer_for(server, request)
+    direct_before = _direct_bytes(server)
     sock = connect(server)
     sock.sendall(request[:20000])
     time.sleep(0.3)
     sock.sendall(request[20000:300_000])
     time.sleep(0.2)
     sock.close()
-    time.sleep(0.5)
+    _direct_bytes_grow(server, direct_before, 300_000 - 20000 - 100_000)  # the part sent, read from the socket directly
     text = httpx.get(f"{server.url}/metrics").text
     assert 'endpoint="/solve",method="POST",status="499"' in text
     assert "Traceback" not in "".join(server.log[before:])
