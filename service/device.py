@@ -12,12 +12,13 @@ Device memory is bounded here, not in the routes. ``LU_GPU_MEMORY_BYTES`` (defau
 80% of the device's memory at start) is the limit of CuPy's device pool, and
 ``LU_GPU_PINNED_BYTES`` caps the pinned host pool used for staging. Before a job
 is queued, :meth:`Device.check_fits` refuses a request whose need, known from its
-shapes, can never fit (503 ``device_out_of_memory`` with ``Retry-After``, nothing
-uploaded). An allocation failure during a job (CuPy's ``OutOfMemoryError``, a
-cuSOLVER/cuBLAS workspace) is caught in :meth:`Device.run`: the pools' free blocks
-are released and the request gets the same 503; the next request starts from a
-clean pool. The base class holds this logic, so the CPU stand-ins of the tests
-exercise the same code as the GPU.
+shapes, can never fit, or does not fit beside the stored factorizations the device
+holds (503 ``device_out_of_memory`` with ``Retry-After``, nothing uploaded). An
+allocation failure during a job (CuPy's ``OutOfMemoryError``, a cuSOLVER/cuBLAS
+workspace) is caught in :meth:`Device.run`: the pools' free blocks are released and
+the request gets the same 503; the next request starts from a clean pool. The base
+class holds this logic, so the CPU stand-ins of the tests exercise the same code as
+the GPU.
 """
 
 from __future__ import annotations
@@ -97,6 +98,9 @@ class Device:
         self.retry_after_s = retry_after_s
         self.metrics: Metrics | None = None
         self._stage_children: dict[tuple[str, str], Any] = {}
+        # Bytes that stay on the device between requests (the factorization store sets it): a
+        # request has the limit less these.
+        self.resident_bytes: Callable[[], int] = lambda: 0
 
     @property
     def name(self) -> str:
@@ -122,22 +126,41 @@ class Device:
         return 0
 
     def check_fits(self, nbytes: int, what: str) -> None:
-        """Refuse, before anything is uploaded, a request that can never fit in the device's memory.
+        """Refuse, before anything is uploaded, a request that does not fit in the device's memory.
+
+        Stored factorizations stay on the device (:attr:`resident_bytes`); the jobs before
+        this one have ended when it runs, so only the stored bytes are taken from the limit.
 
         Raises
         ------
         ServiceError
-            503 ``device_out_of_memory`` with ``Retry-After`` when ``nbytes`` exceeds the limit.
+            503 ``device_out_of_memory`` with ``Retry-After`` when ``nbytes`` exceeds the limit
+            (``lu_rejected_total{reason="device_memory_limit"}``), or the limit less the stored
+            factorizations' bytes (``reason="device_memory_stored"``: it fits once some are
+            deleted, expire or are evicted).
         """
         limit = self.memory_limit
-        if limit is None or nbytes <= limit:
+        if limit is None:
             return
+        if nbytes > limit:
+            reason = "device_memory_limit"
+            message = (
+                f"{what} needs at least {nbytes} bytes of {self.kind} memory for its inputs and outputs; "
+                f"the limit (LU_GPU_MEMORY_BYTES) is {limit}: send a smaller batch"
+            )
+        else:
+            stored = self.resident_bytes()
+            if nbytes <= limit - stored:
+                return
+            reason = "device_memory_stored"
+            message = (
+                f"{what} needs at least {nbytes} bytes of {self.kind} memory for its inputs and outputs; "
+                f"{stored} of the {limit} bytes (LU_GPU_MEMORY_BYTES) hold stored factorizations: retry later, "
+                "or DELETE some /factorizations"
+            )
         if self.metrics is not None:
-            self.metrics.rejected.labels("device_memory_limit").inc()
-        raise self._out_of_memory(
-            f"{what} needs at least {nbytes} bytes of {self.kind} memory for its inputs and outputs; "
-            f"the limit (LU_GPU_MEMORY_BYTES) is {limit}: send a smaller batch"
-        )
+            self.metrics.rejected.labels(reason).inc()
+        raise self._out_of_memory(message)
 
     def _out_of_memory(self, message: str) -> ServiceError:
         return unavailable("device_out_of_memory", message, self.retry_after_s)

@@ -101,6 +101,8 @@ def install(app: FastAPI, settings: Settings, device: Device, metrics: Metrics) 
     store = FactorizationStore(limit, settings.store_ttl_s, budget=getattr(app.state, "budget", None))
     app.state.store = store
     metrics.watch_store(store)
+    # Stored factorizations stay on the device: a request has its memory limit less their bytes.
+    device.resident_bytes = lambda: store.held_bytes
     app.include_router(router)
     return store
 

@@ -284,3 +284,36 @@ async def test_gpu_pool_limit_refusal_compute_oom_and_recovery(make_client, rng)
     metrics = (await client.get("/metrics")).text
     assert "lu_device_memory_limit_bytes 2.68435456e+08" in metrics
     assert 'stage="upload"' in metrics and 'stage="download"' in metrics
+
+
+@pytest.mark.anyio
+async def test_stored_factorizations_count_against_the_limit_until_deleted(make_client, rng):
+    """A request that fits the limit alone but not beside the stored factorizations is refused before the device."""
+    client = await make_client(retry_after_s=5)
+    device = client.app.state.worker.device
+    stored = rng.standard_normal((20, 20)) + 20 * np.eye(20)
+    r = await client.put("/factorizations/kept", json={"A": stored.tolist()})
+    assert r.status_code == 201, r.text
+    held = client.app.state.store.held_bytes
+    assert held >= stored.nbytes
+    A = rng.standard_normal((3, 12, 12))
+    op = OPERATIONS["lu_factor"]
+    options, elements = op.prepare_counted({"A": A}, {}, 1 << 30)
+    need = op.device_bytes({"A": A}, options, elements)
+    device.memory_limit = need + held // 2  # room for the request alone, not beside the stored bytes
+    calls = _spy(device)
+    body, headers = binary_request({"A": A})
+    r = await client.post("/lu_factor", content=body, headers=headers)
+    assert r.status_code == 503, r.text
+    assert r.json()["code"] == "device_out_of_memory" and r.headers["retry-after"] == "5"
+    assert f"{held} of the {device.memory_limit} bytes" in r.json()["error"]
+    assert calls == []
+    # The stored factorization is still there and usable (a solve needs far less).
+    r = await client.post("/factorizations/kept/solve", json={"B": [[1.0]] * 20})
+    assert r.status_code == 200, r.text
+    assert (await client.delete("/factorizations/kept")).status_code == 204
+    r = await client.post("/lu_factor", content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    metrics = (await client.get("/metrics")).text
+    assert 'lu_rejected_total{reason="device_memory_stored"} 1.0' in metrics
+    assert 'reason="device_memory_limit"' not in metrics
