@@ -27,6 +27,7 @@ def _set(factor: int, solve: int, work: int, unpack: int) -> None:
     _tuning.SOLVE_KERNEL_MAX_N = solve
     _tuning.SOLVE_KERNEL_MAX_WORK = work
     _tuning.SOLVE_KERNEL_ALWAYS_N = min(solve, 16)
+    _tuning.SOLVE_KERNEL_REAL_MAX_N = solve
     _tuning.UNPACK_FUSED_MAX_N = unpack
 
 
@@ -98,7 +99,7 @@ def main() -> int:
         _tuning.SOLVE_KERNEL_MAX_WORK,
         _tuning.UNPACK_FUSED_MAX_N,
     )
-    always = _tuning.SOLVE_KERNEL_ALWAYS_N
+    always, real = _tuning.SOLVE_KERNEL_ALWAYS_N, _tuning.SOLVE_KERNEL_REAL_MAX_N
     rng = np.random.default_rng(0)
     print("| n | batch | factor kernel/LAPACK | solve nrhs=1 kernel/LAPACK | solve nrhs=n kernel/LAPACK |")
     print("|---:|---:|---:|---:|---:|")
@@ -108,7 +109,7 @@ def main() -> int:
             print(f"| {n} | {batch} | " + " | ".join(f"{r:.2f}" for r in ratios) + " |", flush=True)
     finally:
         _set(*saved)
-        _tuning.SOLVE_KERNEL_ALWAYS_N = always
+        _tuning.SOLVE_KERNEL_ALWAYS_N, _tuning.SOLVE_KERNEL_REAL_MAX_N = always, real
     print("\nBelow 1: the batched kernel is faster at that size.", file=sys.stderr)
     _twins(rng)
     return 0

@@ -63,7 +63,13 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, dtype: type, n: int, 
 @contextlib.contextmanager
 def cpu_path(kind: str) -> Iterator[None]:
     """Force the CPU backend onto its batched kernels or onto LAPACK."""
-    names = ("FACTOR_KERNEL_MAX_N", "SOLVE_KERNEL_MAX_N", "SOLVE_KERNEL_MAX_WORK", "SOLVE_KERNEL_ALWAYS_N")
+    names = (
+        "FACTOR_KERNEL_MAX_N",
+        "SOLVE_KERNEL_MAX_N",
+        "SOLVE_KERNEL_MAX_WORK",
+        "SOLVE_KERNEL_ALWAYS_N",
+        "SOLVE_KERNEL_REAL_MAX_N",
+    )
     saved = {name: getattr(_tuning, name) for name in names}
     if kind not in ("kernel", "lapack"):
         raise ValueError(kind)

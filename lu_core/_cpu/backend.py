@@ -65,6 +65,17 @@ def _split(items: int, work: int) -> int:
     return work if items > 1 else 0
 
 
+def _solve_by_kernel(n: int, nrhs: int, dtype: np.dtype) -> bool:
+    """Whether ``n x n`` systems with ``nrhs`` right-hand sides are solved by the batched kernel
+    (else LAPACK ``getrs``): from the size and dtype only, never the batch, so that a system
+    gets the same bits alone and in any batch (``_tuning`` has the measurements)."""
+    return (
+        n <= _tuning.SOLVE_KERNEL_ALWAYS_N
+        or (n <= _tuning.SOLVE_KERNEL_MAX_N and n * nrhs <= _tuning.SOLVE_KERNEL_MAX_WORK)
+        or (dtype.kind != "c" and n <= _tuning.SOLVE_KERNEL_REAL_MAX_N)
+    )
+
+
 class CpuBackend:
     name = "cpu"
 
@@ -187,9 +198,7 @@ class CpuBackend:
             conj_io = adjoint and complex_
         nrhs = rhs.shape[-1]
         nprob = math.prod(out_batch)
-        kernel = n <= _tuning.SOLVE_KERNEL_ALWAYS_N or (
-            n <= _tuning.SOLVE_KERNEL_MAX_N and n * nrhs <= _tuning.SOLVE_KERNEL_MAX_WORK
-        )
+        kernel = _solve_by_kernel(n, nrhs, lu.dtype)
         # The kernel keeps M as it is (row i = equation i of every right-hand
         # side, contiguous over them); LAPACK wants each M column-major, i.e.
         # the rows of w are M's columns. Either way M is copied once, into the
@@ -217,11 +226,7 @@ class CpuBackend:
         n = a.shape[-1]
         rhs = b if left else b.swapaxes(-1, -2)
         nrhs = rhs.shape[-1]
-        if (
-            a.dtype != b.dtype
-            or n > _tuning.FACTOR_KERNEL_MAX_N
-            or not (n <= _tuning.SOLVE_KERNEL_ALWAYS_N or n * nrhs <= _tuning.SOLVE_KERNEL_MAX_WORK)
-        ):
+        if a.dtype != b.dtype or n > _tuning.FACTOR_KERNEL_MAX_N or not _solve_by_kernel(n, nrhs, a.dtype):
             return None
         batch = a.shape[:-2]
         nb = math.prod(batch)
