@@ -1,9 +1,12 @@
-"""OpenMP and OpenBLAS thread settings for the CPU backend, applied when ``lu_core`` is imported.
+"""OpenMP settings for the CPU kernels, applied when ``lu_core`` is imported.
 
 They must be in the environment before any GNU OpenMP runtime starts (Numba's first
-parallel kernel, or a later ``import torch``) and before an OpenBLAS is loaded (SciPy's,
-whose LAPACK the backend calls, loads with ``scipy.linalg``), so ``lu_core/__init__``
-imports this first. Values the user set win.
+parallel kernel, or a later ``import torch``), so ``lu_core/__init__`` imports this first.
+
+OpenBLAS's idle threads also spin (~0.1 s after each threaded call, holding a core;
+``OPENBLAS_THREAD_TIMEOUT``), but that is left at OpenBLAS's default: a short timeout made
+SciPy's and JAX's own threaded calls 2-3x slower (their threads woken for every call), and
+a library must not slow its neighbours. Set it in the environment where that trade is right.
 """
 
 from __future__ import annotations
@@ -21,11 +24,3 @@ import os
 # set win. They apply to every GNU OpenMP user in the process, PyTorch included.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("GOMP_SPINCOUNT", "0")
-
-# OpenBLAS's idle worker threads spin for 2**28 cycles (~0.1 s) after each threaded
-# call before they sleep, holding a core. Measured on 2 cores: 100 lu_solve problems of
-# 128x128 with 64 right-hand sides (LAPACK on lu_core's own pool, one BLAS thread each)
-# took 12-14 ms alone and 18-26 ms right after a threaded SciPy lu_solve; with 2**4 cycles
-# 10-14 ms, and factorizations of n = 512 and 2048 (BLAS threaded inside) did not slow.
-# In the service a large factorization's threads would otherwise spin beside the event loop.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")

@@ -1,4 +1,4 @@
-"""lu_core's thread settings reach the environment on import, before the runtimes that read them load."""
+"""lu_core's OpenMP settings reach the environment on import, before NumPy and SciPy load."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-SETTINGS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0", "OPENBLAS_THREAD_TIMEOUT": "4"}
-# The environment NumPy and SciPy's LAPACK (each with its OpenBLAS) see when they are first imported.
+SETTINGS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}
+# The environment NumPy and SciPy see when they are first imported (Numba loads later, at a kernel's first call).
 _PROBE = """
 import json, os, sys
 names = sys.argv[1:]
