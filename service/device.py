@@ -125,11 +125,13 @@ class Device:
         """Bytes of pinned host memory held for staging."""
         return 0
 
-    def check_fits(self, nbytes: int, what: str) -> None:
+    def check_fits(self, nbytes: int, what: str, *, resident: int = 0) -> None:
         """Refuse, before anything is uploaded, a request that does not fit in the device's memory.
 
         Stored factorizations stay on the device (:attr:`resident_bytes`); the jobs before
         this one have ended when it runs, so only the stored bytes are taken from the limit.
+        ``resident``: the part of ``nbytes`` already there (a stored factorization the request
+        uses), which must not count twice.
 
         Raises
         ------
@@ -150,7 +152,7 @@ class Device:
             )
         else:
             stored = self.resident_bytes()
-            if nbytes <= limit - stored:
+            if nbytes - resident <= limit - stored:
                 return
             reason = "device_memory_stored"
             message = (

@@ -63,8 +63,10 @@ async def compute(
     control = take_control(decoded.options)
     seen = decoded.tensors if tensors is None else tensors
     options, elements = op.prepare_counted(seen, decoded.options, state.settings.max_elements)
-    # Refused here, before the job is queued and anything reaches the device.
-    state.worker.device.check_fits(op.device_bytes(seen, options, elements), op.name)
+    # Refused here, before the job is queued and anything reaches the device. Tensors that are not the
+    # body's (a stored factorization's LU and pivots) are on the device already.
+    resident = 0 if tensors is None else sum(t.nbytes for k, t in tensors.items() if k not in decoded.tensors)
+    state.worker.device.check_fits(op.device_bytes(seen, options, elements), op.name, resident=resident)
     if reservation is not None and answer:  # the answer's memory, known from the shapes, before the job is queued
         fmt = "binary" if decoded.binary and all(decoded.binary_outputs.values()) else "json"
         reservation.grow(answer_bytes(fmt, elements, _itemsize(seen)), f"the answer of {op.name}")

@@ -317,3 +317,27 @@ async def test_stored_factorizations_count_against_the_limit_until_deleted(make_
     metrics = (await client.get("/metrics")).text
     assert 'lu_rejected_total{reason="device_memory_stored"} 1.0' in metrics
     assert 'reason="device_memory_limit"' not in metrics
+
+
+@pytest.mark.anyio
+async def test_a_request_using_a_stored_factorization_does_not_count_it_twice(make_client, rng):
+    """A stored entry over half the limit is still usable: its bytes are the request's own, not in its way."""
+    client = await make_client()
+    device = client.app.state.worker.device
+    stored = rng.standard_normal((60, 60)) + 60 * np.eye(60)
+    assert (await client.put("/factorizations/big", json={"A": stored.tolist()})).status_code == 201
+    held = client.app.state.store.held_bytes
+    device.memory_limit = held + held // 2  # the entry takes two thirds of the limit
+    calls = _spy(device)
+    B = rng.standard_normal((60, 1))
+    body, headers = binary_request({"B": B})
+    r = await client.post("/factorizations/big/solve", content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    body, headers = binary_request({"B": rng.standard_normal((60, 8))})
+    r = await client.post("/factorizations/big/solve", content=body, headers=headers)
+    assert r.status_code == 200, r.text
+    assert len(calls) == 2
+    # A second, different request of the same size does not fit beside the stored entry.
+    body, headers = binary_request({"A": stored, "B": B})
+    r = await client.post("/solve", content=body, headers=headers)
+    assert r.status_code == 503 and "hold stored factorizations" in r.json()["error"], r.text
