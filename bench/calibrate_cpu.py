@@ -3,7 +3,8 @@
     python -m bench.calibrate_cpu
 
 For each n, times both paths on the same data (about 2**22 matrix elements per
-case) and prints where the kernels stop winning; then times each kernel's serial
+case) and prints where the kernels stop winning; then the solve of one real system
+with 8 to 4096 right-hand sides on both paths; then times each kernel's serial
 and parallel twin over growing batches and prints the ratio against the total
 work (``_tuning.PARALLEL_MIN_WORK`` goes where it crosses 1). Copy the results
 into ``lu_core/_cpu/_tuning.py``.
@@ -28,6 +29,7 @@ def _set(factor: int, solve: int, work: int, unpack: int) -> None:
     _tuning.SOLVE_KERNEL_MAX_WORK = work
     _tuning.SOLVE_KERNEL_ALWAYS_N = min(solve, 16)
     _tuning.SOLVE_KERNEL_REAL_MAX_N = solve
+    _tuning.SOLVE_KERNEL_REAL_MAX_WORK = work
     _tuning.UNPACK_FUSED_MAX_N = unpack
 
 
@@ -92,6 +94,41 @@ def _twins(rng: np.random.Generator) -> None:
     print("\nBelow 1: the serial twin is faster at that much work.", file=sys.stderr)
 
 
+def _many_rhs(rng: np.random.Generator) -> None:
+    """Kernel / LAPACK solve time for real dtypes with many right-hand sides (one system): where
+    ``_tuning.SOLVE_KERNEL_REAL_MAX_N`` and ``SOLVE_KERNEL_REAL_MAX_WORK`` go."""
+    saved = (_tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK)
+
+    def with_real(n_max: int, work: int, fn):
+        _tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK = n_max, work
+        return fn()
+
+    counts = (8, 64, 256, 1024, 4096)
+    print("\n| dtype | n | " + " | ".join(f"nrhs {k}" for k in counts) + " |")
+    print("|---|---:|" + "---:|" * len(counts))
+    try:
+        for dtype in (np.float32, np.float64):
+            for n in (32, 64, 96, 128, 192):
+                A = rng.standard_normal((1, n, n)).astype(dtype)
+                LU, piv = lu_core.lu_factor(A)
+                ratios = []
+                for k in counts:
+                    B = rng.standard_normal((1, n, k)).astype(dtype)
+                    solve = lambda LU=LU, piv=piv, B=B: lu_core.lu_solve(LU, piv, B)  # noqa: E731
+                    t = interleaved(
+                        {
+                            "k": lambda solve=solve: with_real(1 << 30, 1 << 62, solve),
+                            "l": lambda solve=solve: with_real(0, 0, solve),
+                        },
+                        budget_s=0.3,
+                    )
+                    ratios.append(t["k"].median / t["l"].median)
+                print(f"| {np.dtype(dtype).name} | {n} | " + " | ".join(f"{r:.2f}" for r in ratios) + " |", flush=True)
+    finally:
+        _tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK = saved
+    print("\nKernel / LAPACK time for one system: below 1 the kernel is faster.", file=sys.stderr)
+
+
 def main() -> int:
     saved = (
         _tuning.FACTOR_KERNEL_MAX_N,
@@ -99,7 +136,7 @@ def main() -> int:
         _tuning.SOLVE_KERNEL_MAX_WORK,
         _tuning.UNPACK_FUSED_MAX_N,
     )
-    always, real = _tuning.SOLVE_KERNEL_ALWAYS_N, _tuning.SOLVE_KERNEL_REAL_MAX_N
+    always, real = _tuning.SOLVE_KERNEL_ALWAYS_N, (_tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK)
     rng = np.random.default_rng(0)
     print("| n | batch | factor kernel/LAPACK | solve nrhs=1 kernel/LAPACK | solve nrhs=n kernel/LAPACK |")
     print("|---:|---:|---:|---:|---:|")
@@ -109,8 +146,10 @@ def main() -> int:
             print(f"| {n} | {batch} | " + " | ".join(f"{r:.2f}" for r in ratios) + " |", flush=True)
     finally:
         _set(*saved)
-        _tuning.SOLVE_KERNEL_ALWAYS_N, _tuning.SOLVE_KERNEL_REAL_MAX_N = always, real
+        _tuning.SOLVE_KERNEL_ALWAYS_N = always
+        _tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK = real
     print("\nBelow 1: the batched kernel is faster at that size.", file=sys.stderr)
+    _many_rhs(rng)
     _twins(rng)
     return 0
 

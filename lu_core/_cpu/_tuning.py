@@ -36,12 +36,18 @@ SOLVE_KERNEL_MAX_WORK = 768
 #: ... and always for ``n`` up to this, where a LAPACK call's overhead dominates;
 SOLVE_KERNEL_ALWAYS_N = 16
 
-#: for real dtypes, at any number of right-hand sides up to this ``n``: the kernel's
-#: loops over the right-hand sides vectorize (complex ones do not). Kernel time /
-#: LAPACK time, float32 and float64, batch 1 and 100, nrhs 8 to 256 (2026-11-25):
+#: for real dtypes, up to this ``n`` ...
+#: the kernel's loops over the right-hand sides vectorize (complex ones do not). Kernel
+#: time / LAPACK time, float32 and float64, batch 1 and 100, nrhs 8 to 256 (2026-11-25):
 #: 0.26-0.82 at n = 32 and 64, 0.47-1.00 at 96, 0.69-1.11 at 128, up to 1.47 at 192.
 #: Complex128 with 64 right-hand sides: 1.3x at n = 32, 2.4x at 128 (LAPACK kept).
 SOLVE_KERNEL_REAL_MAX_N = 96
+
+#: ... while ``n * nrhs`` stays at or below this: with thousands of right-hand sides
+#: LAPACK's BLAS-3 ``trsm`` catches up (batch 1, float64: 0.63-0.88 at n = 96 with 512
+#: and 1024, 1.0-1.13 from 2048; n = 64: 0.71-0.82 to 2048, 0.91-0.93 beyond; float32
+#: 0.25-0.85 throughout).
+SOLVE_KERNEL_REAL_MAX_WORK = 96 * 1024
 
 #: Total work (about the flops: ``batch * m * n * k`` for a factorization,
 #: ``2 * problems * nrhs * n * n`` for a solve, elements for copies) from which a

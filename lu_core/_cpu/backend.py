@@ -72,7 +72,11 @@ def _solve_by_kernel(n: int, nrhs: int, dtype: np.dtype) -> bool:
     return (
         n <= _tuning.SOLVE_KERNEL_ALWAYS_N
         or (n <= _tuning.SOLVE_KERNEL_MAX_N and n * nrhs <= _tuning.SOLVE_KERNEL_MAX_WORK)
-        or (dtype.kind != "c" and n <= _tuning.SOLVE_KERNEL_REAL_MAX_N)
+        or (
+            dtype.kind != "c"
+            and n <= _tuning.SOLVE_KERNEL_REAL_MAX_N
+            and n * nrhs <= _tuning.SOLVE_KERNEL_REAL_MAX_WORK
+        )
     )
 
 
