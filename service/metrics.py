@@ -43,7 +43,8 @@ class Histogram(prometheus_client.Histogram):
     def observe_many(self, amounts: Iterable[float]) -> None:
         """``observe`` each of ``amounts``: one update of each bucket touched, not one per amount."""
         self._raise_if_not_observable()
-        amounts = list(amounts)
+        if not isinstance(amounts, list):
+            amounts = list(amounts)
         if not amounts:
             return
         self._sum.inc(sum(amounts))

@@ -8,7 +8,12 @@ after another with BLAS's own threads. The choice depends on the matrix size
 only, never on the batch size, because OpenBLAS's threaded and serial ``getrf``
 round differently: a matrix gets the same bits alone as inside any batch (when
 one Python thread calls at a time: the one-BLAS-thread setting is the process's,
-held from the first concurrent call's start to the last one's end).
+held from the first concurrent call's start to the last one's end). Limits, with
+several Python threads calling at once: a large matrix (BLAS threaded inside) factored
+while another thread is in a pooled batch runs with one BLAS thread, so other bits;
+and an OpenBLAS built on OpenMP (not SciPy's wheels, which use pthreads) takes the
+count per calling thread, which this module does not handle. The service calls
+lu_core from one worker thread.
 
 Arrays follow the CPU backend's storage: ``s[b]`` is the transposed matrix,
 so ``s[b].T`` is the Fortran-ordered matrix LAPACK wants, with no copy.

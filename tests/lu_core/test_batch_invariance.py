@@ -143,12 +143,14 @@ def test_nonfinite_entries_keep_bits_alone_and_batched(rng):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [1, 8, 16, 17, _tuning.FACTOR_KERNEL_MAX_N, _tuning.FACTOR_KERNEL_MAX_N + 1])
-def test_solve_equals_factor_then_solve(rng, dtype, n):
+@pytest.mark.parametrize("n", [1, 8, 16, 17, 40, _tuning.FACTOR_KERNEL_MAX_N, _tuning.FACTOR_KERNEL_MAX_N + 1])
+# 5 right-hand sides: the kernel for any dtype (n * nrhs <= 768); 64: the kernel for real dtypes only.
+@pytest.mark.parametrize("nrhs", [5, 64])
+def test_solve_equals_factor_then_solve(rng, dtype, n, nrhs):
     """``solve`` (one fused kernel for small systems) gives the bits of ``lu_factor`` then ``lu_solve``,
     for matrices and vectors, ``left`` both ways, and a right-hand side batch broadcast over ``A``'s."""
     A = well_conditioned(rng, (6, n, n), dtype)
-    B = _rhs(rng, (3, 6, n, 5), dtype)
+    B = _rhs(rng, (3, 6, n, nrhs), dtype)
     LU, piv = lu_core.lu_factor(A)
     cases = {
         "matrix": (lu_core.solve(A, B[0]), lu_core.lu_solve(LU, piv, B[0])),
