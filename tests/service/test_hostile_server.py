@@ -380,12 +380,18 @@ def test_a_fresh_buffer_is_filled_through_the_parser():
     unpooled = Server(LU_WARMUP="false", LU_BODY_POOL_BYTES="0")
     try:
         unpooled.wait_ready()
-        for _ in range(2):  # no pool: every buffer is fresh, the second request's too
+        for attempt in range(2):  # no pool: every buffer is fresh, the second request's too
             with connect(unpooled) as sock:
                 sock.sendall(request[:20000])  # the app opens its sink with most of the body to come
                 time.sleep(0.3)
                 sock.sendall(request[20000:])
-                status, _, body = _read_response(sock, bytearray())
+                try:
+                    status, _, body = _read_response(sock, bytearray())
+                except AssertionError as exc:  # seen once under the full suite's load: say what the server said
+                    log = "".join(unpooled.log[-30:])
+                    raise AssertionError(
+                        f"request {attempt + 1}: {exc}; server exit {unpooled.proc.poll()}: {log}"
+                    ) from exc
                 assert status == 200, body[:300]
         assert _direct_bytes(unpooled) == 0
     finally:
