@@ -8,7 +8,10 @@ background instead of the connection being refused.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import gc
+import io
 import logging
 import socket
 import sys
@@ -47,6 +50,10 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # A crash in native code (BLAS, Numba, CUDA) prints every thread's Python stack to stderr
+    # (where stderr is a file: not when main() runs inside a test that captures it).
+    with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
+        faulthandler.enable()
     args = build_parser().parse_args(argv)
     try:
         settings = Settings(**overrides(args))

@@ -28,7 +28,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,24 @@ class _Job:
 
 
 _STOP = object()
+
+#: The worker thread's stack. OpenBLAS's threaded getrf (SciPy's build, reached for n > 256 on the
+#: CPU) puts ~0.5 MB frames on the caller's stack, recursively: n = 150 and 290 needed 3-5 MiB
+#: (measured: a thread with 3 MiB crashed, SIGSEGV in dgetrf_parallel's prologue). Threads get the
+#: process default (8 MiB from RLIMIT_STACK, less where the limit or a library says so); a server
+#: crashed that way under the full test suite. Only the pages touched are committed.
+WORKER_STACK_BYTES = 64 << 20
+
+
+@contextlib.contextmanager
+def _stack_size(nbytes: int) -> Iterator[None]:
+    """Threads started inside get ``nbytes`` of stack (``threading.stack_size`` is process-wide:
+    restored on exit)."""
+    before = threading.stack_size(nbytes)
+    try:
+        yield
+    finally:
+        threading.stack_size(before)
 
 
 def _is_live_job(item: Any) -> bool:
@@ -111,7 +129,8 @@ class DeviceWorker:
             return
         self._started.clear()
         self._thread = threading.Thread(target=self._loop, name=f"lu-{self.device.kind}-worker", daemon=True)
-        self._thread.start()
+        with _stack_size(WORKER_STACK_BYTES):
+            self._thread.start()
         self._started.wait()
         self._accepting = True
 

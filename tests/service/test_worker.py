@@ -107,3 +107,32 @@ def test_stop_finishes_queued_jobs_then_refuses():
         assert excinfo.value.status == 503
 
     asyncio.run(scenario())
+
+
+def test_the_worker_thread_has_room_for_openblas_threaded_getrf():
+    """SciPy's OpenBLAS needs 3-5 MiB of stack in dgetrf_parallel (n = 290): with a small default thread
+    stack the worker would crash the process (SIGSEGV), so it starts with its own (WORKER_STACK_BYTES)."""
+    import subprocess
+    import sys
+
+    code = """
+import asyncio, threading
+import numpy as np
+threading.stack_size(1 << 20)  # a small default for new threads: the worker must not inherit it
+from service.device import CpuDevice
+from service.metrics import Metrics
+from service.operations import OPERATIONS
+from service.worker import DeviceWorker
+worker = DeviceWorker(CpuDevice(), Metrics("cpu", "test"), max_queue=4, retry_after_s=1)
+worker.start()
+rng = np.random.default_rng(0)
+A, B = rng.standard_normal((290, 290)) + 290 * np.eye(290), rng.standard_normal((290, 2))
+op = OPERATIONS["solve"]
+out = asyncio.run(worker.submit("solve", op.compute, {"A": A, "B": B}, dict(op.options)))
+assert np.allclose(A @ out["X"], B), "wrong answer"
+assert threading.stack_size() == 1 << 20, "the process-wide default was not restored"
+worker.stop(10)
+print("ok")
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (run.returncode, run.stderr[-2000:])
