@@ -145,24 +145,21 @@ class Device:
         if limit is None:
             return
         if nbytes > limit:
-            reason = "device_memory_limit"
-            message = (
-                f"{what} needs at least {nbytes} bytes of {self.kind} memory for its inputs and outputs; "
-                f"the limit (LU_GPU_MEMORY_BYTES) is {limit}: send a smaller batch"
-            )
+            reason, why = "device_memory_limit", f"the limit (LU_GPU_MEMORY_BYTES) is {limit}: send a smaller batch"
         else:
             stored = self.resident_bytes()
             if nbytes - resident <= limit - stored:
                 return
             reason = "device_memory_stored"
-            message = (
-                f"{what} needs at least {nbytes} bytes of {self.kind} memory for its inputs and outputs; "
+            why = (
                 f"{stored} of the {limit} bytes (LU_GPU_MEMORY_BYTES) hold stored factorizations: retry later, "
                 "or DELETE some /factorizations"
             )
         if self.metrics is not None:
             self.metrics.rejected.labels(reason).inc()
-        raise self._out_of_memory(message)
+        raise self._out_of_memory(
+            f"{what} needs at least {nbytes} bytes of {self.kind} memory for its inputs and outputs; {why}"
+        )
 
     def _out_of_memory(self, message: str) -> ServiceError:
         return unavailable("device_out_of_memory", message, self.retry_after_s)
