@@ -5,6 +5,7 @@ header bounds, parser errors in the error model, disconnects, and memory bounded
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -171,7 +172,8 @@ def test_a_body_refused_early_is_discarded_and_the_connection_goes_on(server):
     raw = read_until_closed(sock)
     first, _, rest = raw.partition(b"\r\n\r\n")
     assert first.startswith(b"HTTP/1.1 413"), raw[:200]
-    assert b"HTTP/1.1 200" in rest and b"431" not in rest, rest[:400]
+    # Status codes only: a random request id in a body or header may contain "431".
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", rest) == [b"200"], rest[:400]
     sock.close()
 
 
