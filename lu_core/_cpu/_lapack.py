@@ -146,7 +146,12 @@ def getrs(s: np.ndarray, piv0: np.ndarray, lu_index: np.ndarray, w: np.ndarray, 
         for t in range(lo, hi):
             j = lu_index[t]
             rhs = w[t].T
-            x, _ = fn(s[j].T, piv0[j], rhs, trans=trans, overwrite_b=1)
+            # A copy of the pivots for every call: SciPy's ?getrs wrapper turns the array it is given
+            # into LAPACK's 1-based pivots in place, calls LAPACK with the GIL released, then turns
+            # it back. Right-hand sides broadcast over one factorization share ``piv0[j]``, and two
+            # pool threads doing that to one array at once left out-of-range pivots for LAPACK to
+            # follow (other bits; heap corruption, measured).
+            x, _ = fn(s[j].T, piv0[j].copy(), rhs, trans=trans, overwrite_b=1)
             if not np.shares_memory(x, rhs):  # pragma: no cover - SciPy copied
                 rhs[...] = x
 

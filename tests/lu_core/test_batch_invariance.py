@@ -144,16 +144,11 @@ def test_nonfinite_entries_keep_bits_alone_and_batched(rng):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 8, 16, 17, 40, _tuning.FACTOR_KERNEL_MAX_N, _tuning.FACTOR_KERNEL_MAX_N + 1])
-# 5 right-hand sides: the kernel for any dtype (n * nrhs <= 768); 64: the kernel for real dtypes only.
+# 5 right-hand sides: the kernel for any dtype (n * nrhs <= 768); 64: the kernel for real n <= 96, else getrs.
 @pytest.mark.parametrize("nrhs", [5, 64])
 def test_solve_equals_factor_then_solve(rng, dtype, n, nrhs):
     """``solve`` (one fused kernel for small systems) gives the bits of ``lu_factor`` then ``lu_solve``,
     for matrices and vectors, ``left`` both ways, and a right-hand side batch broadcast over ``A``'s."""
-    if nrhs == 64 and not (np.dtype(dtype).kind != "c" and n <= _tuning.SOLVE_KERNEL_REAL_MAX_N):
-        # Open problem: with 64 right-hand sides solved by LAPACK getrs on the pool (complex, or
-        # n > 96), the broadcast case differed in its last bits in 3 of 5 full-suite runs, never alone
-        # (see README). 64 right-hand sides are checked where the kernel solves them.
-        pytest.skip("64 right-hand sides through LAPACK getrs: intermittent last-bit difference (open)")
     A = well_conditioned(rng, (6, n, n), dtype)
     B = _rhs(rng, (3, 6, n, nrhs), dtype)
     LU, piv = lu_core.lu_factor(A)
@@ -287,3 +282,40 @@ def test_a_failed_chunk_waits_for_the_others_before_blas_gets_its_threads_back(m
             _lapack._run_chunked(task, 2, n)
         assert seen == [[1] * len(_lapack._blas)]
         assert all(t == 2 for t in _blas_threads())
+
+
+_SHARED_PIVOTS = """
+import numpy as np, lu_core
+from lu_core._cpu import _lapack, _tuning
+_lapack._WORKERS = 2  # two chunks on a pool of two threads, whatever this machine's cores
+_lapack._workers = lambda: 2
+n = _tuning.SOLVE_KERNEL_REAL_MAX_N + 1  # LAPACK getrs on the pool, real and complex
+assert n <= _tuning.LAPACK_POOL_MAX_N
+rng = np.random.default_rng(0)
+for dtype in (np.complex128, np.float64):
+    A = (rng.standard_normal((n, n)) + n * np.eye(n)).astype(dtype)
+    B = rng.standard_normal((40, n, 64)).astype(dtype)
+    LU, piv = lu_core.lu_factor(A)
+    alone = [lu_core.lu_solve(LU, piv, b).tobytes() for b in B]
+    for _ in range(30):
+        X = lu_core.lu_solve(LU, piv, B)  # every right-hand side shares the one factorization's pivots
+        assert [x.tobytes() for x in X] == alone, "a broadcast solve differs from the same systems alone"
+print("same")
+"""
+
+
+def test_pool_threads_sharing_one_factorization_get_the_bits_of_one_at_a_time():
+    """Right-hand sides broadcast over one factorization, solved by LAPACK on two pool threads at once,
+    get the bits each gets alone. SciPy's ``?getrs`` wrapper rewrites the pivot array it is given in
+    place (to 1-based and back) around the LAPACK call: two threads handed one array corrupted the
+    pivots (other bits, and heap corruption that aborted the process). Run in a subprocess, since the
+    failure it guards against can take the interpreter down."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _SHARED_PIVOTS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "same", (
+        out.returncode,
+        out.stdout[-2000:],
+        out.stderr[-2000:],
+    )
