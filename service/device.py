@@ -194,9 +194,12 @@ class Device:
         """Compute one call over each input's ``parts`` concatenated along the first axis (dynamic batching).
 
         The stacked batch is built once, where the device reads it: here in host memory; on a GPU
-        straight into the pinned staging buffer it is uploaded from, one copy in per input.
+        straight into the pinned staging buffer it is uploaded from, one copy in per input. An input
+        of one part is that part (the batcher stacks single matrices itself).
         """
-        return self.run(compute, {name: np.concatenate(p) for name, p in parts.items()}, options)
+        return self.run(
+            compute, {name: p[0] if len(p) == 1 else np.concatenate(p) for name, p in parts.items()}, options
+        )
 
     def _execute(
         self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from service.batcher import gather, run_merged
+from service.batcher import gather, run_merged, signature
 from service.budget import Reservation
 from service.device import Compute, Device
 from service.errors import deadline_exceeded, unavailable
@@ -58,6 +58,7 @@ class _Job:
     # computes must not free the budget for memory the computation still uses.
     reservation: Reservation | None = None
     deadline: float | None = None  # time.monotonic(); a job still queued after it is dropped
+    signature: Any = None  # service.batcher.signature, when batching is on
 
 
 _STOP = object()
@@ -182,6 +183,8 @@ class DeviceWorker:
         loop = asyncio.get_running_loop()
         held = reservation.retain() if reservation is not None else None
         job = _Job(name, compute, tensors, options, loop.create_future(), loop, time.perf_counter(), held, deadline)
+        if self._max_batch > 1:
+            job.signature = signature(name, compute, tensors, options)
         if self.depth >= self._max_queue:
             if held is not None:
                 held.release()
@@ -258,13 +261,10 @@ class DeviceWorker:
                 elif live:
                     self._compute_merged(live, settled)
             finally:
-                for job in batch:
-                    if job.reservation is not None:
-                        job.reservation.release()
                 metrics.worker_busy.inc(time.perf_counter() - wall - self._idle_s)
                 metrics.worker_cpu.inc(time.thread_time() - cpu)
                 # Last: waking the event loop hands it the GIL, and the worker has nothing left to do.
-                _settle_all(settled)
+                _settle_all(settled, batch)
 
     def _next(self, timeout: float | None, block: bool = True) -> Any:
         """The next item not looked at yet (a group's jobs one by one); queue.Empty when none comes."""
@@ -346,22 +346,29 @@ class DeviceWorker:
         return exc  # lu_core's errors (422 in the handler) and bugs (500, logged there)
 
 
-def _settle_all(settled: list[tuple[_Job, bool, Any]]) -> None:
+def _settle_all(settled: list[tuple[_Job, bool, Any]], batch: list[_Job]) -> None:
     """Hand the answers to their event loops: one wake-up per loop per batch, not one per job.
 
+    The jobs' holds on their requests' memory reservations (every job of ``batch``, answered or
+    dropped) are let go there too, after the answers: per-request work the worker need not do.
     ``call_soon_threadsafe`` writes to the loop's self-pipe, a system call that releases the GIL;
     on a busy server the worker then waits for the event loop to hand the GIL back.
     """
-    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], bool, Any]]] = {}
+    by_loop: dict[asyncio.AbstractEventLoop, tuple[list[tuple[asyncio.Future[Any], bool, Any]], list[Reservation]]] = {}
     for job, ok, value in settled:
-        by_loop.setdefault(job.loop, []).append((job.future, ok, value))
-    for loop, items in by_loop.items():
-        # RuntimeError: the loop closed (an app torn down with jobs queued): nobody waits for them.
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(_settle, items)
+        by_loop.setdefault(job.loop, ([], []))[0].append((job.future, ok, value))
+    for job in batch:
+        if job.reservation is not None:
+            by_loop.setdefault(job.loop, ([], []))[1].append(job.reservation)
+    for loop, (items, held) in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, items, held)
+        except RuntimeError:  # the loop closed (an app torn down with jobs queued): nobody waits for them
+            for reservation in held:
+                reservation.release()
 
 
-def _settle(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
+def _settle(items: list[tuple[asyncio.Future[Any], bool, Any]], held: list[Reservation]) -> None:
     for future, ok, value in items:
         if future.cancelled():
             continue
@@ -369,3 +376,5 @@ def _settle(items: list[tuple[asyncio.Future[Any], bool, Any]]) -> None:
             future.set_result(value)
         else:
             future.set_exception(value)
+    for reservation in held:
+        reservation.release()

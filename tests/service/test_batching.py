@@ -341,3 +341,73 @@ def test_gpu_stacked_batch_is_built_once_and_copied_in_once(n):
         assert dev.data.tobytes() == np.concatenate(parts).tobytes()
         device._staging.release(staged)
         assert len(cp.pinned) == (1 if big else 0)
+
+
+async def test_every_job_lets_go_of_its_reservation_answered_cancelled_or_expired(worker):
+    """A job holds its request's memory reservation until it is done: the worker hands the holds
+    back with the answers (let go on the event loop), for merged, cancelled and expired jobs alike."""
+    import time
+
+    from service.budget import MemoryBudget
+
+    rng = np.random.default_rng(9)
+    budget = MemoryBudget(1 << 20)
+    options = dict(OPERATIONS["solve"].options)
+    jobs = [inputs_for("solve", (), 4, np.float64, rng) for _ in range(6)]
+    reservations = [budget.reserve(1000) for _ in jobs]
+    gate, holder = hold(worker)
+    futures = [
+        asyncio.ensure_future(
+            worker.submit(
+                "solve",
+                OPERATIONS["solve"].compute,
+                t,
+                options,
+                reservation=r,
+                deadline=time.monotonic() - 1 if i == 4 else None,  # expired while queued: never computed
+            )
+        )
+        for i, (t, r) in enumerate(zip(jobs, reservations, strict=True))
+    ]
+    await asyncio.sleep(0.05)
+    assert budget.in_use == 6000  # each request's one reservation (the jobs' holds share it)
+    for r in reservations:
+        r.release()  # the requests let go (their clients left, say): the jobs' holds keep the bytes
+    assert budget.in_use == 6000
+    futures[1].cancel()
+    gate.set()
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    holder.join()
+    assert isinstance(results[1], asyncio.CancelledError) and getattr(results[4], "status", None) == 408
+    for i in (0, 2, 3, 5):
+        assert_bit_identical(results[i], OPERATIONS["solve"].compute(jobs[i], options))
+    for _ in range(100):  # the holds go back with the answers; the cancelled job's a moment later
+        if budget.in_use == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert budget.in_use == 0 and all(r.released for r in reservations)
+
+
+def test_a_job_whose_event_loop_closed_still_lets_go_of_its_reservation():
+    from service.budget import MemoryBudget
+
+    metrics = Metrics("cpu", "test")
+    w = DeviceWorker(CpuDevice(), metrics, max_queue=8, retry_after_s=1, max_batch=64)
+    w.start()
+    budget = MemoryBudget(1 << 20)
+    reservation = budget.reserve(1000)
+    loop = asyncio.new_event_loop()
+    try:
+        gate, holder = hold(w)
+        task = loop.create_task(
+            w.submit("det", OPERATIONS["det"].compute, {"A": np.eye(3)}, {}, reservation=reservation)
+        )
+        loop.run_until_complete(asyncio.sleep(0.05))  # submitted and handed over to the worker
+        reservation.release()  # the request's own hold
+        task.cancel()
+    finally:
+        loop.close()  # torn down with the job queued: its answer cannot be delivered
+    gate.set()
+    holder.join()
+    w.stop(10)
+    assert budget.in_use == 0 and reservation.released
