@@ -17,6 +17,8 @@ hang or crash in one still leaves the others' results):
 ``oom``           device memory: a request over ``LU_GPU_MEMORY_BYTES`` is refused before
                   upload, an allocation failure during compute is a 503 and the next request works
 ``service-bench`` ``python -m bench --suite service`` on the device
+``batching``      ``python -m bench.batching --proof``: batching off and on at 64 and 256 clients
+                  (issue 15's GPU goal: at least 3x the requests per second)
 
 It writes at most 8 files into DIR, named ``gpu-proof-<device>-<what>`` (``<device>`` is
 ``h100``, ``h200``, ... or ``cpu``), ready to be committed to ``bench/results/``, and
@@ -47,9 +49,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("env", "tests", "calibrate", "core-bench", "service", "oom", "service-bench")
+PARTS = ("env", "tests", "calibrate", "core-bench", "service", "oom", "service-bench", "batching")
 # Seconds per part on a device. Grouped so that each of three commands stays under the
-# device machine's 10-minute limit: (env, tests, calibrate), (core-bench), (service, oom, service-bench).
+# device machine's 10-minute limit: (env, tests, calibrate), (core-bench), (service, oom, service-bench, batching).
 LIMITS = {
     "env": 30,
     "tests": 210,
@@ -57,7 +59,8 @@ LIMITS = {
     "core-bench": 540,
     "service": 150,
     "oom": 90,
-    "service-bench": 330,
+    "service-bench": 270,
+    "batching": 80,
 }
 MAX_FILES = 8
 
@@ -268,6 +271,19 @@ def part_service_bench(p: Proof) -> Outcome:
     return Outcome("ok", reports[0].name) if reports else Outcome("failed", "no report written")
 
 
+def part_batching(p: Proof) -> Outcome:
+    """The batching suite's short grid, its report appended to ``service-bench.md`` (the file cap)."""
+    folder = p.scratch / "batching"
+    argv = [sys.executable, "-m", "bench.batching", "--proof", "--out", str(folder)]
+    rc, _ = p.sh("service.log", [*argv, *(["--quick"] if p.quick else [])], p.limit("batching"))
+    reports = sorted(folder.glob("*.md")) if folder.exists() else []
+    for f in reports:
+        p.append("service-bench.md", f.read_text())
+    if rc != 0:
+        return Outcome("failed", f"exit {rc}")
+    return Outcome("ok", reports[0].name) if reports else Outcome("failed", "no report written")
+
+
 RUNNERS: dict[str, Callable[[Proof], Outcome]] = {
     "env": part_env,
     "tests": part_tests,
@@ -276,6 +292,7 @@ RUNNERS: dict[str, Callable[[Proof], Outcome]] = {
     "service": part_service,
     "oom": part_oom,
     "service-bench": part_service_bench,
+    "batching": part_batching,
 }
 
 

@@ -40,7 +40,7 @@ def test_rehearsal_limits_are_longer_than_the_device_budget(tmp_path):
     gpu = gpu_proof.Proof(tmp_path, "gpu", False, lambda _: None)
     assert cpu.limit("tests") == 4 * gpu.limit("tests")
     # Three device commands of at most 10 minutes each.
-    groups = [("env", "tests", "calibrate"), ("core-bench",), ("service", "oom", "service-bench")]
+    groups = [("env", "tests", "calibrate"), ("core-bench",), ("service", "oom", "service-bench", "batching")]
     assert sorted(p for g in groups for p in g) == sorted(gpu_proof.PARTS)
     assert all(sum(gpu_proof.LIMITS[p] for p in g) < 600 for g in groups)
 
