@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import pathlib
+import re
 import statistics
 from collections.abc import Callable, Sequence
 
@@ -176,3 +177,9 @@ def save_text(
     path.write_text(text)
     progress(f"wrote {path}")
     return path
+
+
+def device_slug(name: str | None) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``h100``: the GPU model in result file names (``gpu`` when unknown)."""
+    found = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", (name or "").upper())
+    return found.group(1).lower() if found else "gpu"

@@ -17,13 +17,15 @@ Goals (issue 15): on the CPU, at 64 clients and n = 8, the worker's time per req
 5x lower with batching; on a GPU, at least 3x the requests per second. ``--proof`` runs the
 grid a device's time allows (n = 8 and 32 at 64 and 256 clients, one round, no delay servers,
 no in-process part) on whatever device the service picks (``LU_DEVICE``); the report is named
-after that device (``batching-cpu``, ``batching-gpu-h100``, ...).
+after that device (``batching-cpu-proof``, ``batching-gpu-h100-proof``, ...).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +33,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench._report import save_text
+from bench._report import device_slug, save_text
 from bench._timing import machine
 from bench.service import _concurrency, start_server, table
 
@@ -48,11 +50,18 @@ def _scrape(url: str) -> dict[str, float]:
     return totals
 
 
-def _case(url: str, n: int, clients: int, seconds: float) -> dict:
+def _process_cpu_s(pid: int) -> float:
+    """A process's CPU time (user + system, every thread), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _case(server: tuple[subprocess.Popen, str], n: int, clients: int, seconds: float) -> dict:
+    proc, url = server
     asyncio.run(_concurrency(url, 1, 0.2, n))  # compiled and connected before timing
-    before = _scrape(url)
+    before, cpu = _scrape(url), _process_cpu_s(proc.pid)
     row = asyncio.run(_concurrency(url, clients, seconds, n))
-    after = _scrape(url)
+    cpu, after = _process_cpu_s(proc.pid) - cpu, _scrape(url)
     d = {k: after[k] - before[k] for k in _WANTED}
     calls, served = d["lu_batch_size_count"], d["lu_batch_size_sum"]
     return {
@@ -62,6 +71,8 @@ def _case(url: str, n: int, clients: int, seconds: float) -> dict:
         "requests per call": round(served / calls, 1) if calls else 0.0,
         "worker busy µs/request": round(d["lu_worker_busy_seconds_total"] / served * 1e6, 1) if served else 0.0,
         "worker CPU µs/request": round(d["lu_worker_cpu_seconds_total"] / served * 1e6, 1) if served else 0.0,
+        # The whole server (event loop, worker, every thread): batching must not just move the work.
+        "server CPU µs/request": round(cpu / served * 1e6, 1) if served else 0.0,
         "non-200": row["non-200"],
     }
 
@@ -119,9 +130,9 @@ def _worker_alone(max_batch: int, clients: int, jobs: int) -> dict:
 def _goal(rows: list[dict], rounds: int) -> list[str]:
     """At 64 clients, n = 8: off/on ratios of busy time, req/s and p99, per round."""
     lines = [
-        "| round | busy µs/request off → on | busy off/on | CPU off/on | req/s off → on | req/s on/off "
-        "| p99 ms off → on |",
-        "|---|---|---:|---:|---|---:|---|",
+        "| round | busy µs/request off → on | busy off/on | CPU off/on | server CPU µs/request off → on "
+        "| req/s off → on | req/s on/off | p99 ms off → on |",
+        "|---|---|---:|---:|---|---|---:|---|",
     ]
     for r in range(1, rounds + 1):
         cell = {
@@ -134,6 +145,7 @@ def _goal(rows: list[dict], rounds: int) -> list[str]:
         cpu = off["worker CPU µs/request"] / on["worker CPU µs/request"]
         lines.append(
             f"| {r} | {off['worker busy µs/request']} → {on['worker busy µs/request']} | {busy:.1f}× | {cpu:.1f}× "
+            f"| {off['server CPU µs/request']} → {on['server CPU µs/request']} "
             f"| {off['req/s']} → {on['req/s']} | {on['req/s'] / max(off['req/s'], 1):.2f}× "
             f"| {off['p99 ms']} → {on['p99 ms']} |"
         )
@@ -145,9 +157,7 @@ def _device_slug(url: str) -> str:
     device = httpx.get(f"{url}/readyz").json()["device"]
     if device["kind"] == "cpu":
         return "cpu"
-    from bench.core_gpu import _slug
-
-    return f"gpu-{_slug(str(device.get('name', 'gpu')))}"
+    return f"gpu-{device_slug(device.get('name'))}"
 
 
 def run(quick: bool, out: Path | None, progress: Callable[[str], None], proof: bool = False) -> Path | None:
@@ -172,14 +182,14 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None], proof: b
         for r in range(1, rounds + 1):
             for n in sizes:
                 for clients in levels:
-                    for mode, (_, url) in servers.items():
+                    for mode, server in servers.items():
                         row = {"round": r, "n": n, "clients": clients, "batching": mode}
-                        rows.append(row | _case(url, n, clients, seconds))
+                        rows.append(row | _case(server, n, clients, seconds))
                         progress(f"{rows[-1]}")
             for clients in delay_levels:
-                for delay, (_, url) in [(0, servers["on"]), *delayed.items()]:
+                for delay, server in [(0, servers["on"]), *delayed.items()]:
                     row = {"round": r, "n": 8, "clients": clients, "LU_BATCH_DELAY_US": delay}
-                    delay_rows.append(row | _case(url, 8, clients, seconds))
+                    delay_rows.append(row | _case(server, 8, clients, seconds))
                     progress(f"{delay_rows[-1]}")
     finally:
         for proc, _ in [*servers.values(), *delayed.values()]:
@@ -218,7 +228,8 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None], proof: b
             f"grid {rounds} time(s) (column `round`): the spread between rounds is the noise of the machine.",
             "Worker busy time: wall time of the worker thread from taking a job until it waits for the queue again",
             "(GIL waits and preemption included, a batch delay's wait excluded), per request answered; worker CPU:",
-            "the thread's CPU time, per request answered.",
+            "the thread's CPU time, per request answered; server CPU: the whole server process's (event loop,",
+            "worker and every other thread), per request answered.",
             "",
             "## Goal: 64 clients, n = 8",
             "",

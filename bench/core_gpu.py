@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import datetime as dt
 import pathlib
-import re
 import statistics
 from collections.abc import Callable
 
 import lu_core
-from bench._report import ratio_table, write
+from bench._report import device_slug, ratio_table, write
 
 GRID_N = (8, 32, 128, 512, 2048, 8192)
 GRID_BATCH = (1, 100, 10000, 100000)
@@ -135,12 +134,6 @@ def run_case(batch: int, n: int, dtype: str, torch, repeats: int) -> list[dict]:
     return rows
 
 
-def _slug(device: str) -> str:
-    """``NVIDIA H100 80GB HBM3`` -> ``h100``: the model in file names (bench/results)."""
-    match = re.search(r"\b([a-z]+\d+[a-z]*)\b", device.lower().replace("nvidia", ""))
-    return match.group(1) if match else re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
-
-
 def cases(quick: bool) -> list[tuple[int, int]]:
     ns, batches = (QUICK_N, QUICK_BATCH) if quick else (GRID_N, GRID_BATCH)
     return [(b, n) for n in ns for b in batches if b * n * n <= MAX_ELEMENTS]
@@ -198,7 +191,7 @@ def run(quick: bool, out: pathlib.Path | None, progress: Callable[[str], None]) 
         report,
         rows,
         PEERS,
-        out / f"{dt.date.today().isoformat()}-gpu-{_slug(name)}{'-quick' if quick else ''}",
+        out / f"{dt.date.today().isoformat()}-gpu-{device_slug(name)}{'-quick' if quick else ''}",
         f"lu_core on {name}",
     )
     progress(f"wrote {path}")

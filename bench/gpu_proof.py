@@ -41,6 +41,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -114,25 +115,29 @@ class Proof:
         """Run ``argv`` in the checkout, its output appended to file ``what``; (rc, output). rc 124: timed out."""
         self.log(f"$ {' '.join(argv)}")
         self.append(what, f"\n$ {' '.join(argv)}\n")
+        # Its own process group: on a timeout the servers a benchmark started go with it (they would
+        # hold the device, its memory and their ports for the parts after).
+        proc = subprocess.Popen(
+            argv, cwd=ROOT, env=env or self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True,
+        )  # fmt: skip
         try:
-            done = subprocess.run(
-                argv, cwd=ROOT, env=env or self.env, capture_output=True, text=True, timeout=timeout, check=False
-            )
-            rc, text = done.returncode, done.stdout + done.stderr
-        except subprocess.TimeoutExpired as exc:
-            out = exc.stdout or b""
-            err = exc.stderr or b""
-            text = (out.decode() if isinstance(out, bytes) else out) + (err.decode() if isinstance(err, bytes) else err)
-            rc, text = 124, text + f"\n[timed out after {timeout:.0f} s]\n"
+            text, _ = proc.communicate(timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            text, _ = proc.communicate()
+            rc, text = 124, (text or "") + f"\n[timed out after {timeout:.0f} s]\n"
         self.append(what, text + f"[exit {rc}]\n")
         return rc, text
 
 
 def gpu_slug() -> str:
     """h100, h200, ... from the GPU's name (``gpu`` when it cannot be read)."""
-    name = gpu_name() or ""
-    found = re.search(r"\b([A-Z]{1,2}\d{2,4}[A-Z]?)\b", name.upper())
-    return found.group(1).lower() if found else "gpu"
+    from bench._report import device_slug
+
+    return device_slug(gpu_name())
 
 
 def gpu_name() -> str | None:
@@ -259,29 +264,26 @@ def part_oom(p: Proof) -> Outcome:
     return _proof_service.out_of_memory(p)
 
 
-def part_service_bench(p: Proof) -> Outcome:
-    folder = p.scratch / "service-bench"
-    argv = [sys.executable, "-m", "bench", "--suite", "service", "--out", str(folder)]
-    rc, _ = p.sh("service.log", [*argv, *(["--quick"] if p.quick else [])], p.limit("service-bench"))
+def _bench_part(p: Proof, part: str, argv: list[str]) -> Outcome:
+    """A benchmark suite writing its report into a scratch folder; the report appended to
+    ``service-bench.md`` (one file for the service's benchmarks: the file cap)."""
+    folder = p.scratch / part
+    argv = [sys.executable, *argv, "--out", str(folder), *(["--quick"] if p.quick else [])]
+    rc, _ = p.sh("service.log", argv, p.limit(part))
     reports = sorted(folder.glob("*.md")) if folder.exists() else []
     for f in reports:
         p.append("service-bench.md", f.read_text())
     if rc != 0:
         return Outcome("failed", f"exit {rc}")
     return Outcome("ok", reports[0].name) if reports else Outcome("failed", "no report written")
+
+
+def part_service_bench(p: Proof) -> Outcome:
+    return _bench_part(p, "service-bench", ["-m", "bench", "--suite", "service"])
 
 
 def part_batching(p: Proof) -> Outcome:
-    """The batching suite's short grid, its report appended to ``service-bench.md`` (the file cap)."""
-    folder = p.scratch / "batching"
-    argv = [sys.executable, "-m", "bench.batching", "--proof", "--out", str(folder)]
-    rc, _ = p.sh("service.log", [*argv, *(["--quick"] if p.quick else [])], p.limit("batching"))
-    reports = sorted(folder.glob("*.md")) if folder.exists() else []
-    for f in reports:
-        p.append("service-bench.md", f.read_text())
-    if rc != 0:
-        return Outcome("failed", f"exit {rc}")
-    return Outcome("ok", reports[0].name) if reports else Outcome("failed", "no report written")
+    return _bench_part(p, "batching", ["-m", "bench.batching", "--proof"])
 
 
 RUNNERS: dict[str, Callable[[Proof], Outcome]] = {

@@ -141,7 +141,7 @@ def gather(
             return False
         # Most often a job is just like the first (clients sending the same kind of request): then its
         # key and size are the first's, known without building them.
-        if item.signature == like_first:
+        if like_first is not None and item.signature == like_first:
             size = first_size
         elif merge_key(item) == key:
             size = _elements(item)
@@ -215,13 +215,13 @@ def run_merged(
 def _run_single(run_stacked: Callable[..., dict[str, Any]], jobs: Sequence[BatchJob]) -> list[dict[str, Any]]:
     """:func:`run_merged` when every job is one matrix (the common case of many small requests).
 
-    The same call and answers, cheaper per job (measured: half the cost): each input stacked by
-    ``np.asarray`` over the jobs' tensors (one C loop, no view per job) and passed to
-    ``run_stacked`` as a single part; answers taken by iterating over each output's first axis.
+    The same call and answers, cheaper per job (measured: half the cost): the jobs' matrices are
+    stacked along a new axis by the device (``new_axis``: on the CPU one ``np.asarray``, no
+    view per job), and the answers taken by iterating over each output's first axis.
     """
     first = jobs[0]
-    parts = {name: [np.asarray([job.tensors[name] for job in jobs])] for name in first.tensors}
-    outputs = run_stacked(first.compute, parts, first.options)
+    parts = {name: [job.tensors[name] for job in jobs] for name in first.tensors}
+    outputs = run_stacked(first.compute, parts, first.options, new_axis=True)
     count = len(jobs)
     columns = [
         # Iterating yields v[i] for each i (views); a 1-D output's v[i] would be a NumPy scalar, v[i, ...] is 0-d.

@@ -189,17 +189,22 @@ class Device:
             ) from exc
 
     def run_stacked(
-        self, compute: Compute, parts: Mapping[str, Sequence[np.ndarray]], options: Mapping[str, bool]
+        self,
+        compute: Compute,
+        parts: Mapping[str, Sequence[np.ndarray]],
+        options: Mapping[str, bool],
+        *,
+        new_axis: bool = False,
     ) -> dict[str, Any]:
-        """Compute one call over each input's ``parts`` concatenated along the first axis (dynamic batching).
+        """Compute one call over each input's ``parts`` joined along the first axis (dynamic batching):
+        concatenated, or stacked along a new first axis (``new_axis``: single matrices).
 
-        The stacked batch is built once, where the device reads it: here in host memory; on a GPU
-        straight into the pinned staging buffer it is uploaded from, one copy in per input. An input
-        of one part is that part (the batcher stacks single matrices itself).
+        The joined batch is built once, where the device reads it: here in host memory (one
+        ``np.asarray`` over the parts when stacking, a C loop with no view per part); on a GPU
+        straight into the pinned staging buffer it is uploaded from, one copy in per input.
         """
-        return self.run(
-            compute, {name: p[0] if len(p) == 1 else np.concatenate(p) for name, p in parts.items()}, options
-        )
+        join = np.asarray if new_axis else np.concatenate
+        return self.run(compute, {name: join(p) for name, p in parts.items()}, options)
 
     def _execute(
         self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]
@@ -345,11 +350,16 @@ class GpuDevice(Device):
         return host
 
     def run_stacked(
-        self, compute: Compute, parts: Mapping[str, Sequence[np.ndarray]], options: Mapping[str, bool]
+        self,
+        compute: Compute,
+        parts: Mapping[str, Sequence[np.ndarray]],
+        options: Mapping[str, bool],
+        *,
+        new_axis: bool = False,
     ) -> dict[str, Any]:
         # Each input's parts are concatenated straight into its pinned staging buffer (or, when
         # small, into one host array) and uploaded in one copy; the outputs come back in one copy each.
-        return self.run(compute, {name: list(p) for name, p in parts.items()}, options)
+        return self.run(compute, {name: upload_parts(p, new_axis) for name, p in parts.items()}, options)
 
     def _upload(self, a: Any, stream: Any, staged: list[Any]) -> Any:
         cp = self._cp
@@ -388,6 +398,12 @@ class GpuDevice(Device):
             "cupy": self._cp.__version__,
             "cuda_runtime": f"{runtime // 1000}.{runtime % 1000 // 10}",
         }
+
+
+def upload_parts(parts: Sequence[np.ndarray], new_axis: bool) -> list[np.ndarray]:
+    """The parts :meth:`GpuDevice._upload` concatenates into one staging buffer: stacked single
+    matrices become ``t[None]`` views (a view each, no copy: the one copy is into the buffer)."""
+    return [t[None] for t in parts] if new_axis else list(parts)
 
 
 class PinnedStaging:

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from service.batcher import gather, run_merged, signature
+from service.batcher import MERGEABLE, gather, run_merged, signature
 from service.budget import Reservation
 from service.device import Compute, Device
 from service.errors import deadline_exceeded, unavailable
@@ -180,20 +180,20 @@ class DeviceWorker:
     ) -> dict[str, Any]:
         if not self._accepting:
             raise unavailable("shutting_down", "the service is not accepting work", self._retry_after_s)
-        loop = asyncio.get_running_loop()
-        held = reservation.retain() if reservation is not None else None
-        job = _Job(name, compute, tensors, options, loop.create_future(), loop, time.perf_counter(), held, deadline)
-        if self._max_batch > 1:
-            job.signature = signature(name, compute, tensors, options)
         if self.depth >= self._max_queue:
-            if held is not None:
-                held.release()
             self._metrics.rejected.labels("queue_full").inc()
             raise unavailable(
                 "overloaded",
                 f"{self._max_queue} requests are already waiting for the {self.device.kind}; retry later",
                 self._retry_after_s,
             )
+        loop = asyncio.get_running_loop()
+        # Built here, on the event loop, so that the worker compares one value per job when it gathers a batch.
+        sig = signature(name, compute, tensors, options) if self._max_batch > 1 and name in MERGEABLE else None
+        held = reservation.retain() if reservation is not None else None
+        job = _Job(
+            name, compute, tensors, options, loop.create_future(), loop, time.perf_counter(), held, deadline, sig
+        )
         outbox = self._outboxes.get(loop)
         if outbox is None:
             # The first job of this pass of the loop: hand the pass's jobs over at the next pass, so that
@@ -369,12 +369,14 @@ def _settle_all(settled: list[tuple[_Job, bool, Any]], batch: list[_Job]) -> Non
 
 
 def _settle(items: list[tuple[asyncio.Future[Any], bool, Any]], held: list[Reservation]) -> None:
-    for future, ok, value in items:
-        if future.cancelled():
-            continue
-        if ok:
-            future.set_result(value)
-        else:
-            future.set_exception(value)
-    for reservation in held:
-        reservation.release()
+    try:
+        for future, ok, value in items:
+            if future.cancelled():
+                continue
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+    finally:
+        for reservation in held:
+            reservation.release()

@@ -100,3 +100,29 @@ def test_bad_arguments_are_refused(argv):
     with pytest.raises(SystemExit) as exc:
         gpu_proof.main(argv)
     assert exc.value.code == 2
+
+
+def test_a_part_that_times_out_takes_the_processes_it_started_with_it(tmp_path):
+    """A benchmark's servers must not outlive its timeout (they would hold the device and its ports)."""
+    import os
+    import time
+
+    proof = gpu_proof.Proof(tmp_path, "cpu", True, lambda _: None)
+    pid_file = tmp_path / "child.pid"
+    script = (
+        "import subprocess, sys, time; "
+        "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(c.pid)); time.sleep(60)"
+    )
+    rc, text = proof.sh("t.log", [sys.executable, "-c", script], timeout=3)
+    assert rc == 124 and "timed out" in text
+    child = int(pid_file.read_text())
+    for _ in range(50):
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, 9)
+        pytest.fail("the part's child process outlived its timeout")

@@ -325,7 +325,7 @@ class _FakeCupy:
 @pytest.mark.parametrize("n", [8, 64])  # staged through pinned memory only from PinnedStaging.MIN_BYTES
 def test_gpu_stacked_batch_is_built_once_and_copied_in_once(n):
     """On a GPU the merged call's inputs are concatenated once, where they are uploaded from: one copy in each."""
-    from service.device import GpuDevice, PinnedStaging
+    from service.device import GpuDevice, PinnedStaging, upload_parts
 
     cp = _FakeCupy()
     device = object.__new__(GpuDevice)  # no GPU here: the upload path with a stand-in for CuPy
@@ -341,6 +341,14 @@ def test_gpu_stacked_batch_is_built_once_and_copied_in_once(n):
         assert dev.data.tobytes() == np.concatenate(parts).tobytes()
         device._staging.release(staged)
         assert len(cp.pinned) == (1 if big else 0)
+    # Single matrices (batcher._run_single: new_axis) take the same path: one copy of the stacked batch.
+    singles = [rand(rng, (n, n), np.float64) for _ in range(5)]
+    cp.copies.clear()
+    dev = device._upload(upload_parts(singles, new_axis=True), None, staged)
+    big = sum(p.nbytes for p in singles) >= PinnedStaging.MIN_BYTES
+    assert cp.copies == [((5, n, n), big)]
+    assert dev.data.tobytes() == np.stack(singles).tobytes()
+    device._staging.release(staged)
 
 
 async def test_every_job_lets_go_of_its_reservation_answered_cancelled_or_expired(worker):
@@ -371,7 +379,7 @@ async def test_every_job_lets_go_of_its_reservation_answered_cancelled_or_expire
     ]
     await asyncio.sleep(0.05)
     assert budget.in_use == 6000  # each request's one reservation (the jobs' holds share it)
-    for r in reservations:
+    for r in reservations[1:]:
         r.release()  # the requests let go (their clients left, say): the jobs' holds keep the bytes
     assert budget.in_use == 6000
     futures[1].cancel()
@@ -382,10 +390,14 @@ async def test_every_job_lets_go_of_its_reservation_answered_cancelled_or_expire
     for i in (0, 2, 3, 5):
         assert_bit_identical(results[i], OPERATIONS["solve"].compute(jobs[i], options))
     for _ in range(100):  # the holds go back with the answers; the cancelled job's a moment later
-        if budget.in_use == 0:
+        if budget.in_use == 1000:
             break
         await asyncio.sleep(0.01)
-    assert budget.in_use == 0 and all(r.released for r in reservations)
+    await asyncio.sleep(0.05)
+    # Each job let go once: the first request, still holding its reservation, keeps its bytes.
+    assert budget.in_use == 1000 and all(r.released for r in reservations[1:])
+    reservations[0].release()
+    assert budget.in_use == 0
 
 
 def test_a_job_whose_event_loop_closed_still_lets_go_of_its_reservation():
@@ -405,6 +417,7 @@ def test_a_job_whose_event_loop_closed_still_lets_go_of_its_reservation():
         loop.run_until_complete(asyncio.sleep(0.05))  # submitted and handed over to the worker
         reservation.release()  # the request's own hold
         task.cancel()
+        loop.run_until_complete(asyncio.gather(task, return_exceptions=True))
     finally:
         loop.close()  # torn down with the job queued: its answer cannot be delivered
     gate.set()
