@@ -113,13 +113,15 @@ def gather(
     """``first`` and the compatible jobs after it, in arrival order.
 
     ``pending`` holds items taken out of the queue earlier and not yet run (they keep their
-    order and are looked at first); ``take(timeout)`` takes the next queued item, waiting at
-    most ``timeout`` seconds (``None``: do not wait), or raises ``queue.Empty``. Items that
-    do not join the batch are appended to ``pending``, to be run next, in order.
+    order and are looked at first); ``take(timeout)`` takes what is queued next, a non-empty
+    list of items (all that arrived together), waiting at most ``timeout`` seconds (``None``:
+    do not wait), or raises ``queue.Empty``. Items that do not join the batch are appended to
+    ``pending``, to be run next, in order. Items are looked at in a plain loop, a whole list
+    at a time: this runs once per merged job, the cost batching is meant to cut.
     """
     if max_batch <= 1:
         return [first]
-    ahead = None
+    ahead: list[Any] = []
     if not pending and delay_s <= 0:
         # A lone job (nothing else queued, no delay to wait) runs as it is, without building its key.
         try:
@@ -128,49 +130,52 @@ def gather(
             return [first]
     key = merge_key(first)
     if key is None:
-        if ahead is not None:
-            pending.append(ahead)
+        pending.extend(ahead)
         return [first]
     first_size = _elements(first)
     batch, elements = [first], first_size
     like_first = first.signature
 
-    def joins(item: Any) -> bool:
+    def scan(items: Sequence[Any], stop_at_non_job: bool) -> bool:
+        """Join what can of ``items``, in order, the others to ``pending``; False: look no further."""
         nonlocal elements
-        if len(batch) >= max_batch or not is_job(item):
-            return False
-        # Most often a job is just like the first (clients sending the same kind of request): then its
-        # key and size are the first's, known without building them.
-        if like_first is not None and item.signature == like_first:
-            size = first_size
-        elif merge_key(item) == key:
-            size = _elements(item)
-        else:
-            return False
-        if elements + size > max_elements:
-            return False
-        batch.append(item)
-        elements += size
+        for i, item in enumerate(items):
+            if len(batch) >= max_batch or (stop_at_non_job and not is_job(item)):
+                pending.extend(items[i:])  # full, or a stop or a call: do not reach past it
+                return False
+            if not is_job(item):
+                pending.append(item)
+                continue
+            # Most often a job is just like the first (clients sending the same kind of request): then
+            # its key and size are the first's, known without building them.
+            if like_first is not None and item.signature == like_first:
+                size = first_size
+            elif merge_key(item) == key:
+                size = _elements(item)
+            else:
+                pending.append(item)
+                continue
+            if elements + size > max_elements:
+                pending.append(item)
+                continue
+            batch.append(item)
+            elements += size
         return True
 
-    kept = [item for item in pending if not joins(item)]
+    earlier = list(pending)
     pending.clear()
-    pending.extend(kept)
-    if ahead is not None and not joins(ahead):  # pending was empty: ahead is the oldest item left
-        pending.append(ahead)
-        if not is_job(ahead):
-            return batch
+    scan(earlier, stop_at_non_job=False)
+    if ahead and not scan(ahead, stop_at_non_job=True):  # pending was empty: ahead is the oldest left
+        return batch
     deadline = time.perf_counter() + delay_s
     while len(batch) < max_batch:
         remaining = deadline - time.perf_counter()
         try:
-            item = take(remaining if remaining > 0 else None)
+            items = take(remaining if remaining > 0 else None)
         except queue.Empty:
             break
-        if not joins(item):
-            pending.append(item)
-            if not is_job(item):  # a stop or a call: do not reach past it
-                break
+        if not scan(items, stop_at_non_job=True):
+            break
     return batch
 
 

@@ -266,25 +266,33 @@ class DeviceWorker:
                 # Last: waking the event loop hands it the GIL, and the worker has nothing left to do.
                 _settle_all(settled, batch)
 
-    def _next(self, timeout: float | None, block: bool = True) -> Any:
+    def _next(self, timeout: float | None) -> Any:
         """The next item not looked at yet (a group's jobs one by one); queue.Empty when none comes."""
         if self._inbox:
             return self._inbox.popleft()
-        item = self._queue.get(block, timeout)
+        item = self._queue.get(True, timeout)
         if isinstance(item, list):
             self._inbox.extend(item[1:])
             item = item[0]
         return item
 
-    def _take(self, timeout: float | None) -> Any:
+    def _take(self, timeout: float | None) -> list[Any]:
+        """What arrived next, as a list: the rest of the current group, else the next queue item (for
+        :func:`service.batcher.gather`, which looks at a whole group in one loop); queue.Empty when none."""
+        if self._inbox:
+            items = list(self._inbox)
+            self._inbox.clear()
+            return items
         if timeout is None:
-            return self._next(None, block=False)
-        start = time.perf_counter()
-        try:
-            return self._next(timeout)
-        finally:
-            # Waiting for more jobs (LU_BATCH_DELAY_US) is idle time, not busy time.
-            self._idle_s += time.perf_counter() - start
+            item = self._queue.get_nowait()
+        else:
+            start = time.perf_counter()
+            try:
+                item = self._queue.get(True, timeout)
+            finally:
+                # Waiting for more jobs (LU_BATCH_DELAY_US) is idle time, not busy time.
+                self._idle_s += time.perf_counter() - start
+        return item if isinstance(item, list) else [item]
 
     def _compute_merged(self, jobs: list[_Job], settled: list[tuple[_Job, bool, Any]]) -> None:
         """One call for compatible jobs (see service.batcher); each alone if the call fails."""
@@ -354,23 +362,27 @@ def _settle_all(settled: list[tuple[_Job, bool, Any]], batch: list[_Job]) -> Non
     ``call_soon_threadsafe`` writes to the loop's self-pipe, a system call that releases the GIL;
     on a busy server the worker then waits for the event loop to hand the GIL back.
     """
-    by_loop: dict[asyncio.AbstractEventLoop, tuple[list[tuple[asyncio.Future[Any], bool, Any]], list[Reservation]]] = {}
-    for job, ok, value in settled:
-        by_loop.setdefault(job.loop, ([], []))[0].append((job.future, ok, value))
-    for job in batch:
-        if job.reservation is not None:
-            by_loop.setdefault(job.loop, ([], []))[1].append(job.reservation)
-    for loop, (items, held) in by_loop.items():
+    loop = batch[0].loop
+    if all(job.loop is loop for job in batch):  # the service's case: one event loop
+        groups = [(loop, settled, batch)]
+    else:
+        by_loop: dict[asyncio.AbstractEventLoop, tuple[list[tuple[_Job, bool, Any]], list[_Job]]] = {}
+        for job in batch:
+            by_loop.setdefault(job.loop, ([], []))[1].append(job)
+        for answer in settled:
+            by_loop[answer[0].loop][0].append(answer)
+        groups = [(lp, answers, jobs) for lp, (answers, jobs) in by_loop.items()]
+    for lp, answers, jobs in groups:
         try:
-            loop.call_soon_threadsafe(_settle, items, held)
+            lp.call_soon_threadsafe(_settle, answers, jobs)
         except RuntimeError:  # the loop closed (an app torn down with jobs queued): nobody waits for them
-            for reservation in held:
-                reservation.release()
+            _let_go(jobs)
 
 
-def _settle(items: list[tuple[asyncio.Future[Any], bool, Any]], held: list[Reservation]) -> None:
+def _settle(answers: list[tuple[_Job, bool, Any]], jobs: list[_Job]) -> None:
     try:
-        for future, ok, value in items:
+        for job, ok, value in answers:
+            future = job.future
             if future.cancelled():
                 continue
             if ok:
@@ -378,5 +390,10 @@ def _settle(items: list[tuple[asyncio.Future[Any], bool, Any]], held: list[Reser
             else:
                 future.set_exception(value)
     finally:
-        for reservation in held:
-            reservation.release()
+        _let_go(jobs)
+
+
+def _let_go(jobs: list[_Job]) -> None:
+    for job in jobs:
+        if job.reservation is not None:
+            job.reservation.release()

@@ -424,3 +424,54 @@ def test_a_job_whose_event_loop_closed_still_lets_go_of_its_reservation():
     holder.join()
     w.stop(10)
     assert budget.in_use == 0 and reservation.released
+
+
+def test_jobs_of_two_event_loops_in_one_batch_are_answered_on_their_own_loops():
+    """One merged call, answers handed to each job's own loop (and each hold let go there)."""
+    from service.budget import MemoryBudget
+
+    metrics = Metrics("cpu", "test")
+    w = DeviceWorker(CpuDevice(), metrics, max_queue=64, retry_after_s=1, max_batch=64)
+    w.start()
+    options = dict(OPERATIONS["solve"].options)
+    budget = MemoryBudget(1 << 20)
+    results: dict[int, list] = {}
+    submitted = threading.Barrier(3)
+    gate, holder = hold(w)
+
+    def client(k: int) -> None:
+        async def main() -> None:
+            loop = asyncio.get_running_loop()
+            rng = np.random.default_rng(12 + k)
+            jobs = [inputs_for("solve", (), 4, np.float64, rng) for _ in range(3)]
+            holds = [budget.reserve(100) for _ in jobs]
+            futures = [
+                asyncio.ensure_future(w.submit("solve", OPERATIONS["solve"].compute, t, options, reservation=r))
+                for t, r in zip(jobs, holds, strict=True)
+            ]
+            await asyncio.sleep(0.05)  # handed over to the worker
+            await loop.run_in_executor(None, submitted.wait)
+            answers = await asyncio.gather(*futures)
+            for r in holds:
+                r.release()
+            results[k] = [(t, a, threading.get_ident()) for t, a in zip(jobs, answers, strict=True)]
+
+        asyncio.run(main())
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    submitted.wait()
+    before = batch_calls(metrics)
+    gate.set()
+    for t in threads:
+        t.join(30)
+    holder.join()
+    after = batch_calls(metrics)
+    w.stop(10)
+    assert after["lu_batch_size_count"] - before.get("lu_batch_size_count", 0) == 1  # all six in one call
+    for k in range(2):
+        assert len(results[k]) == 3
+        for t, answer, _ in results[k]:
+            assert_bit_identical(answer, OPERATIONS["solve"].compute(t, options))
+    assert budget.in_use == 0
