@@ -109,6 +109,7 @@ def gather(
     max_elements: int,
     delay_s: float,
     is_job: Callable[[Any], bool],
+    is_barrier: Callable[[Any], bool],
 ) -> list[Any]:
     """``first`` and the compatible jobs after it, in arrival order.
 
@@ -116,8 +117,11 @@ def gather(
     order and are looked at first); ``take(timeout)`` takes what is queued next, a non-empty
     list of items (all that arrived together), waiting at most ``timeout`` seconds (``None``:
     do not wait), or raises ``queue.Empty``. Items that do not join the batch are appended to
-    ``pending``, to be run next, in order. Items are looked at in a plain loop, a whole list
-    at a time: this runs once per merged job, the cost batching is meant to cut.
+    ``pending``, to be run next, in order. ``is_job`` says whether an item may join (a live
+    job); ``is_barrier`` marks items nothing after them may run ahead of (a call, the stop):
+    gathering ends there. Other items (a cancelled job) are passed over and stay in order.
+    Items are looked at in a plain loop, a whole list at a time: this runs once per merged
+    job, the cost batching is meant to cut.
     """
     if max_batch <= 1:
         return [first]
@@ -136,12 +140,12 @@ def gather(
     batch, elements = [first], first_size
     like_first = first.signature
 
-    def scan(items: Sequence[Any], stop_at_non_job: bool) -> bool:
+    def scan(items: Sequence[Any]) -> bool:
         """Join what can of ``items``, in order, the others to ``pending``; False: look no further."""
         nonlocal elements
         for i, item in enumerate(items):
-            if len(batch) >= max_batch or (stop_at_non_job and not is_job(item)):
-                pending.extend(items[i:])  # full, or a stop or a call: do not reach past it
+            if len(batch) >= max_batch or is_barrier(item):
+                pending.extend(items[i:])  # full, or a call or the stop: nothing after it runs first
                 return False
             if not is_job(item):
                 pending.append(item)
@@ -164,8 +168,7 @@ def gather(
 
     earlier = list(pending)
     pending.clear()
-    scan(earlier, stop_at_non_job=False)
-    if ahead and not scan(ahead, stop_at_non_job=True):  # pending was empty: ahead is the oldest left
+    if not scan(earlier) or (ahead and not scan(ahead)):  # pending was empty if ahead: it is the oldest left
         return batch
     deadline = time.perf_counter() + delay_s
     while len(batch) < max_batch:
@@ -174,7 +177,7 @@ def gather(
             items = take(remaining if remaining > 0 else None)
         except queue.Empty:
             break
-        if not scan(items, stop_at_non_job=True):
+        if not scan(items):
             break
     return batch
 

@@ -86,6 +86,11 @@ def _is_live_job(item: Any) -> bool:
     return isinstance(item, _Job) and not item.future.cancelled()
 
 
+def _is_barrier(item: Any) -> bool:
+    """A call (run on the worker in its turn: the warm-up, say) or the stop: no job runs ahead of it."""
+    return not isinstance(item, _Job)
+
+
 class DeviceWorker:
     def __init__(
         self,
@@ -226,6 +231,11 @@ class DeviceWorker:
         while True:
             item = self._pending.popleft() if self._pending else self._next(None)
             if item is _STOP:
+                if self._work_left():
+                    # Jobs or calls that reached the queue after the stop (an event loop's hand-over at
+                    # its next pass) or wait in pending: finish them first, then stop.
+                    self._queue.put(_STOP)
+                    continue
                 if self._outboxes and time.monotonic() < stop_by:
                     # Jobs submitted just before the stop are still in an event loop's outbox: they are
                     # handed over at the loop's next pass; finish them too (a closed loop: give up).
@@ -249,6 +259,7 @@ class DeviceWorker:
                 max_elements=self._max_batch_elements,
                 delay_s=self._batch_delay_s,
                 is_job=_is_live_job,
+                is_barrier=_is_barrier,
             )
             self._taken += len(batch)
             metrics.batch_wait.observe(time.perf_counter() - wall)
@@ -265,6 +276,13 @@ class DeviceWorker:
                 metrics.worker_cpu.inc(time.thread_time() - cpu)
                 # Last: waking the event loop hands it the GIL, and the worker has nothing left to do.
                 _settle_all(settled, batch)
+
+    def _work_left(self) -> bool:
+        """Anything but the stop still to run: in pending, the current group, or the queue."""
+        if self._pending or self._inbox:
+            return True
+        with self._queue.mutex:  # queue.Queue's own lock over its deque of items
+            return any(item is not _STOP for item in self._queue.queue)
 
     def _next(self, timeout: float | None) -> Any:
         """The next item not looked at yet (a group's jobs one by one); queue.Empty when none comes."""

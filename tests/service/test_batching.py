@@ -475,3 +475,85 @@ def test_jobs_of_two_event_loops_in_one_batch_are_answered_on_their_own_loops():
         for t, answer, _ in results[k]:
             assert_bit_identical(answer, OPERATIONS["solve"].compute(t, options))
     assert budget.in_use == 0
+
+
+def test_gather_keeps_arrival_order_and_never_reaches_past_a_call():
+    """service.batcher.gather with a stand-in queue: what joins, what waits in pending (in order), and
+    that no job runs ahead of a call (the warm-up, the stop) queued before it."""
+    from collections import deque
+    from queue import Empty
+    from types import SimpleNamespace
+
+    from service.batcher import gather, signature
+
+    loop = asyncio.new_event_loop()
+    try:
+        A = {"A": np.eye(3), "B": np.ones((3, 1))}
+        B = {"A": np.eye(4), "B": np.ones((4, 1))}  # another shape: never merged with A's
+
+        def job(tensors, cancelled=False):
+            future = loop.create_future()
+            if cancelled:
+                future.cancel()
+            compute, options = OPERATIONS["solve"].compute, dict(OPERATIONS["solve"].options)
+            return SimpleNamespace(
+                name="solve", compute=compute, tensors=tensors, options=options, future=future,
+                signature=signature("solve", compute, tensors, options),
+            )  # fmt: skip
+
+        a0, a1, b, x, a2, a3 = job(A), job(A), job(B), job(A, cancelled=True), job(A), job(A)
+        call = object()
+        arrivals = deque([[a1, b, x, a2], [call], [a3]])
+
+        def take(timeout):
+            if not arrivals:
+                raise Empty
+            return arrivals.popleft()
+
+        def is_job(item):
+            return isinstance(item, SimpleNamespace) and not item.future.cancelled()
+
+        def is_barrier(item):
+            return not isinstance(item, SimpleNamespace)
+
+        pending: deque = deque()
+        kw = dict(max_batch=8, max_elements=1 << 20, delay_s=0.0, is_job=is_job, is_barrier=is_barrier)
+        assert gather(a0, take, pending, **kw) == [a0, a1, a2]  # a2 passes the cancelled x, not the call
+        assert list(pending) == [b, x, call]
+        assert list(arrivals) == [[a3]]  # behind the call: not taken
+        first = pending.popleft()
+        assert gather(first, take, pending, **kw) == [b]
+        assert list(pending) == [x, call] and list(arrivals) == [[a3]]
+        kw["max_batch"] = 2
+        pending.extend([a3])
+        arrivals.clear()
+        assert gather(a0, take, pending, **kw) == [a0]  # x cancelled, then the call: a3 stays behind it
+        assert list(pending) == [x, call, a3]
+    finally:
+        loop.close()
+
+
+async def test_jobs_handed_over_after_the_stop_are_answered():
+    """A job submitted just before ``stop`` reaches the queue at the event loop's next pass, behind
+    the stop: the worker finishes it before it ends (it used to end at the stop and leave it)."""
+    import time
+
+    metrics = Metrics("cpu", "test")
+    w = DeviceWorker(CpuDevice(), metrics, max_queue=8, retry_after_s=1, max_batch=64)
+    w.start()
+    gate, holder = hold(w)
+    A = {"A": np.eye(3), "B": np.ones((3, 1))}
+    options = dict(OPERATIONS["solve"].options)
+    answer = asyncio.ensure_future(w.submit("solve", OPERATIONS["solve"].compute, A, options))
+    await asyncio.sleep(0)  # submitted: in this loop's outbox, handed over at its next pass
+    stopper = threading.Thread(target=w.stop, args=(30,))
+    stopper.start()
+    while w._accepting:  # blocking on purpose: the loop must not run its next pass before the stop is queued
+        time.sleep(0.001)
+    time.sleep(0.05)
+    gate.set()
+    got = await asyncio.wait_for(answer, 10)
+    assert_bit_identical(got, OPERATIONS["solve"].compute(A, options))
+    await asyncio.to_thread(stopper.join, 30)
+    holder.join()
+    assert not w._thread.is_alive()
