@@ -152,6 +152,13 @@ def _goal(rows: list[dict], rounds: int) -> list[str]:
     return lines
 
 
+def _section(title: str, intro: list[str], rows: list[dict]) -> list[str]:
+    """A report section with its table; nothing when the grid did not measure it."""
+    if not rows:
+        return []
+    return [f"## {title}", "", *intro, *([""] if intro else []), table(rows, list(rows[0])), ""]
+
+
 def _device_slug(url: str) -> str:
     """``cpu``, or ``gpu-`` and the model (``gpu-h100``): what the server computes on, for the report's name."""
     device = httpx.get(f"{url}/readyz").json()["device"]
@@ -195,29 +202,15 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None], proof: b
         for proc, _ in [*servers.values(), *delayed.values()]:
             proc.terminate()
             proc.wait(60)
-    alone_part = (
+    alone_part = _section(
+        "The worker alone (in-process, no HTTP)",
         [
-            "## The worker alone (in-process, no HTTP)",
-            "",
             "`DeviceWorker` on the CPU with coroutines of one event loop submitting 8x8 solves in turn, nothing",
             "else running in the process: the worker's own cost per request, off (`LU_MAX_BATCH=1`) and on (64).",
-            "",
-            table(alone, list(alone[0])),
-            "",
-        ]
-        if alone
-        else []
+        ],
+        alone,
     )
-    delay_part = (
-        [
-            "## LU_BATCH_DELAY_US (n = 8; batching on)",
-            "",
-            table(delay_rows, list(delay_rows[0])),
-            "",
-        ]
-        if delay_rows
-        else []
-    )
+    delay_part = _section("LU_BATCH_DELAY_US (n = 8; batching on)", [], delay_rows)
     text = "\n".join(
         [
             f"# Dynamic batching, {datetime.date.today().isoformat()} ({device}{', proof grid' if proof else ''})",

@@ -80,3 +80,11 @@ def test_combine_writes_one_report_with_every_runs_ratio(tmp_path):
     assert "| lu_factor | float64 | 1 | 8 | 0.010 ms | ±5% | torch | **1.00×** | 2.00× (torch) |" in text
     assert "| solve | float64 | 1 | 8 | 0.030 ms | ±5% | jax | **3.00×** | 3.00× (jax) |" in text
     assert "| 2 | 2 | 2.50× | 3.00× (solve float64 1×8) | 0 | 0 |" in text  # run 2: median and worst
+
+
+def test_the_batching_command_line_refuses_unknown_arguments(capsys):
+    from bench import batching
+
+    with pytest.raises(SystemExit) as exc:
+        batching.main(["--proof", "--clients", "64"])
+    assert exc.value.code == 2 and "unrecognized arguments: --clients 64" in capsys.readouterr().err
