@@ -94,6 +94,37 @@ def _twins(rng: np.random.Generator) -> None:
     print("\nBelow 1: the serial twin is faster at that much work.", file=sys.stderr)
 
 
+def _factor_dtypes(rng: np.random.Generator) -> None:
+    """Kernel / LAPACK factor time per dtype, one matrix and a batch of ~2**21 elements: where
+    ``_tuning.FACTOR_KERNEL_MAX_N`` (real) and ``FACTOR_KERNEL_COMPLEX_MAX_N`` go."""
+    saved = (_tuning.FACTOR_KERNEL_MAX_N, _tuning.FACTOR_KERNEL_COMPLEX_MAX_N)
+
+    def with_max(n_max: int, fn):
+        _tuning.FACTOR_KERNEL_MAX_N = _tuning.FACTOR_KERNEL_COMPLEX_MAX_N = n_max
+        return fn()
+
+    sizes = (32, 48, 64, 80, 96, 112, 128)
+    print("\n| dtype | batch | " + " | ".join(f"n {n}" for n in sizes) + " |")
+    print("|---|---|" + "---:|" * len(sizes))
+    try:
+        for dtype in (np.float32, np.float64, np.complex64, np.complex128):
+            for many in (False, True):
+                ratios = []
+                for n in sizes:
+                    A = rng.standard_normal((max(1, (1 << 21) // (n * n)) if many else 1, n, n)).astype(dtype)
+                    factor = lambda A=A: lu_core.lu_factor(A)  # noqa: E731
+                    t = interleaved(
+                        {"k": lambda f=factor: with_max(1 << 30, f), "l": lambda f=factor: with_max(0, f)},
+                        budget_s=0.5,
+                    )
+                    ratios.append(t["k"].median / t["l"].median)
+                label = "~2**21 elements" if many else "1"
+                print(f"| {np.dtype(dtype).name} | {label} | " + " | ".join(f"{r:.2f}" for r in ratios) + " |")
+    finally:
+        _tuning.FACTOR_KERNEL_MAX_N, _tuning.FACTOR_KERNEL_COMPLEX_MAX_N = saved
+    print("\nKernel / LAPACK factor time: below 1 the kernel is faster.", file=sys.stderr)
+
+
 def _many_rhs(rng: np.random.Generator) -> None:
     """Kernel / LAPACK solve time for real dtypes with many right-hand sides (one system): where
     ``_tuning.SOLVE_KERNEL_REAL_MAX_N`` and ``SOLVE_KERNEL_REAL_MAX_WORK`` go."""
@@ -149,6 +180,7 @@ def main() -> int:
         _tuning.SOLVE_KERNEL_ALWAYS_N = always
         _tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK = real
     print("\nBelow 1: the batched kernel is faster at that size.", file=sys.stderr)
+    _factor_dtypes(rng)
     _many_rhs(rng)
     _twins(rng)
     return 0

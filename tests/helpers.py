@@ -65,6 +65,7 @@ def cpu_path(kind: str) -> Iterator[None]:
     """Force the CPU backend onto its batched kernels or onto LAPACK."""
     names = (
         "FACTOR_KERNEL_MAX_N",
+        "FACTOR_KERNEL_COMPLEX_MAX_N",
         "SOLVE_KERNEL_MAX_N",
         "SOLVE_KERNEL_MAX_WORK",
         "SOLVE_KERNEL_ALWAYS_N",

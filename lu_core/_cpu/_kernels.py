@@ -424,27 +424,39 @@ def _scatter_permutation(perm, out):
         out[b, perm[b, j], j] = one
 
 
-_TILE = 32
+_BLOCK = 8  # rows of a transposed strip; 8 x 8 blocks are unrolled and moved through registers
 
 
 def _transpose_into(src, dst):
-    """``dst[b] = src[b].T`` for C-contiguous ``src`` and ``dst``, in cache-sized
-    tiles, parallel over all tiles of all matrices (NumPy's strided transposing
-    copy is about half as fast on large matrices)."""
+    """``dst[b] = src[b].T`` for C-contiguous ``src`` and ``dst``, parallel over strips of
+    ``_BLOCK`` rows of every matrix (one large matrix uses every core).
+
+    Each strip is moved in ``_BLOCK x _BLOCK`` blocks with constant trip counts, which LLVM
+    unrolls into register shuffles: every block reads eight source lines and writes one
+    whole cache line of each of eight destination rows. A plain tiled element loop (the
+    previous version) or NumPy's strided copy ran 2-4x slower (512 x 512 float64: 0.54 and
+    0.74 ms against 0.16 ms; a plain copy of the same bytes takes 0.05 ms).
+    """
     nbatch, r, c = src.shape
-    tr = (r + _TILE - 1) // _TILE
-    tc = (c + _TILE - 1) // _TILE
-    per = tr * tc
-    for t in nb.prange(nbatch * per):
-        b = t // per
-        rem = t - b * per
-        i0 = (rem // tc) * _TILE
-        j0 = (rem - (rem // tc) * tc) * _TILE
-        i1 = min(i0 + _TILE, r)
-        j1 = min(j0 + _TILE, c)
-        for i in range(i0, i1):
-            for j in range(j0, j1):
-                dst[b, j, i] = src[b, i, j]
+    strips = (r + _BLOCK - 1) // _BLOCK
+    c8 = c - c % _BLOCK
+    for t in nb.prange(nbatch * strips):
+        b = t // strips
+        i0 = (t - b * strips) * _BLOCK
+        s = src[b]
+        d = dst[b]
+        if i0 + _BLOCK <= r:
+            for j0 in range(0, c8, _BLOCK):
+                for jj in range(_BLOCK):
+                    for ii in range(_BLOCK):
+                        d[j0 + jj, i0 + ii] = s[i0 + ii, j0 + jj]
+            for i in range(i0, i0 + _BLOCK):
+                for j in range(c8, c):
+                    d[j, i] = s[i, j]
+        else:
+            for i in range(i0, r):
+                for j in range(c):
+                    d[j, i] = s[i, j]
 
 
 def _unpack_small(src, lower, upper, unit_lower, piv, p_mat, want_data, want_p):

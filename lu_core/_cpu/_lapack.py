@@ -33,7 +33,7 @@ import numpy as np
 from scipy.linalg import get_lapack_funcs
 from threadpoolctl import ThreadpoolController
 
-from lu_core._cpu import _tuning
+from lu_core._cpu import _kernels, _tuning
 
 _lock = threading.Lock()
 _blas_counter = threading.Lock()  # guards _blas_users and _blas_saved (below)
@@ -121,12 +121,27 @@ def _restore_blas_threads() -> None:
                     set_threads(threads)
 
 
-def getrf(s: np.ndarray, piv0: np.ndarray, info: np.ndarray) -> None:
-    """Factor every ``s[b].T`` in place with ``?getrf``."""
+def getrf(
+    s: np.ndarray, piv0: np.ndarray, info: np.ndarray, src: np.ndarray | None = None, transposed: bool = False
+) -> None:
+    """Factor every ``s[b].T`` in place with ``?getrf``, after copying ``src[b]`` into ``s[b]`` when given.
+
+    ``src`` as in :func:`lu_core._cpu._kernels.getrf`: ``src[b]`` is the matrix itself,
+    C-ordered, when ``transposed`` (it is transposed into ``s[b]``), else already in
+    transposed storage. Each matrix is copied by the pool thread that factors it, just
+    before, so that LAPACK finds it in cache and the copies run on every core (100 x 128
+    x 128 float64: 6.0 ms against 9.5 with one transposing copy of the whole batch first).
+    """
     (fn,) = get_lapack_funcs(("getrf",), dtype=s.dtype)
+    transpose = _kernels.transpose_into.serial
 
     def task(lo: int, hi: int) -> None:
         for b in range(lo, hi):
+            if src is not None:
+                if transposed:
+                    transpose(src[b : b + 1], s[b : b + 1])
+                else:
+                    s[b] = src[b]
             view = s[b].T
             lu, p, inf = fn(view, overwrite_a=1)
             if not np.shares_memory(lu, view):  # pragma: no cover - SciPy copied

@@ -40,18 +40,10 @@ _NONE = np.empty(0, np.intp)
 
 def _transposed(a3: np.ndarray) -> np.ndarray:
     """``s`` with ``s[b] == a3[b].T``, C-contiguous; a view when ``a3`` is
-    already column-major per matrix, else one tiled transposing copy."""
+    already column-major per matrix, else one transposing copy."""
     st = a3.swapaxes(1, 2)
     if st.flags.c_contiguous:
         return st
-    return _transposed_copy(a3)
-
-
-def _transposed_copy(a3: np.ndarray) -> np.ndarray:
-    """Fresh C-contiguous storage ``s`` with ``s[b] == a3[b].T``."""
-    st = a3.swapaxes(1, 2)
-    if st.flags.c_contiguous:
-        return st.copy()
     src = np.ascontiguousarray(a3)
     out = np.empty(st.shape, dtype=a3.dtype)
     _kernels.transpose_into(src.size, src, out)
@@ -63,6 +55,12 @@ def _split(items: int, work: int) -> int:
     picks its twin: none with a single item, which the thread pool cannot split (waking it then
     only costs; on a loaded machine, milliseconds)."""
     return work if items > 1 else 0
+
+
+def _factor_by_kernel(size: int, dtype: np.dtype) -> bool:
+    """Whether matrices with ``max(m, n) == size`` are factored (pivoted) by the batched kernel, else by
+    LAPACK ``getrf``: from the size and dtype only, never the batch (``_tuning`` has the measurements)."""
+    return size <= (_tuning.FACTOR_KERNEL_COMPLEX_MAX_N if dtype.kind == "c" else _tuning.FACTOR_KERNEL_MAX_N)
 
 
 def _solve_by_kernel(n: int, nrhs: int, dtype: np.dtype) -> bool:
@@ -128,17 +126,15 @@ class CpuBackend:
         piv = np.empty((nb, k), dtype=np.int32)
         info = np.zeros(nb, dtype=np.int32)
         # The factorization is written into fresh storage: the input is never modified.
-        if pivot and max(m, n) > _tuning.FACTOR_KERNEL_MAX_N:
-            s = _transposed_copy(a3)
-            if nb and k:
-                _lapack.getrf(s, piv, info)
+        s = np.empty((nb, n, m), dtype=a.dtype)
+        if nb and k:
+            st = a3.swapaxes(1, 2)
+            transposed = not st.flags.c_contiguous
+            src = np.ascontiguousarray(a3) if transposed else st
+            if pivot and not _factor_by_kernel(max(m, n), a.dtype):
+                _lapack.getrf(s, piv, info, src, transposed)
                 piv += 1  # 0-based -> LAPACK 1-based (the kernel below writes them 1-based)
-        else:
-            s = np.empty((nb, n, m), dtype=a.dtype)
-            if nb and k:
-                st = a3.swapaxes(1, 2)
-                transposed = not st.flags.c_contiguous
-                src = np.ascontiguousarray(a3) if transposed else st
+            else:
                 _kernels.getrf(_split(nb, nb * m * n * k), src, transposed, s, piv, info, pivot)
         lu = s.swapaxes(1, 2).reshape(*batch, m, n)
         return lu, piv.reshape(*batch, k), info.reshape(batch)
@@ -230,7 +226,7 @@ class CpuBackend:
         n = a.shape[-1]
         rhs = b if left else b.swapaxes(-1, -2)
         nrhs = rhs.shape[-1]
-        if a.dtype != b.dtype or n > _tuning.FACTOR_KERNEL_MAX_N or not _solve_by_kernel(n, nrhs, a.dtype):
+        if a.dtype != b.dtype or not _factor_by_kernel(n, a.dtype) or not _solve_by_kernel(n, nrhs, a.dtype):
             return None
         batch = a.shape[:-2]
         nb = math.prod(batch)

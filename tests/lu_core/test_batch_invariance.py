@@ -22,17 +22,22 @@ import lu_core
 from lu_core._cpu import _tuning
 from tests.helpers import DTYPES, random_matrix, well_conditioned
 
-# Square sizes around the crossovers: kernel factor (<= FACTOR_KERNEL_MAX_N), LAPACK
-# on the pool (<= LAPACK_POOL_MAX_N), threaded LAPACK above it; the fused unpack
-# (<= UNPACK_FUSED_MAX_N) and the split one; solve kernel and LAPACK getrs.
-SIZES = [
-    1,
-    _tuning.UNPACK_FUSED_MAX_N,
-    _tuning.UNPACK_FUSED_MAX_N + 1,
-    _tuning.FACTOR_KERNEL_MAX_N,
-    _tuning.FACTOR_KERNEL_MAX_N + 1,
-    _tuning.LAPACK_POOL_MAX_N + 1,
-]
+# Square sizes around the crossovers: kernel factor (<= FACTOR_KERNEL_MAX_N, complex
+# <= FACTOR_KERNEL_COMPLEX_MAX_N), LAPACK on the pool (<= LAPACK_POOL_MAX_N), threaded
+# LAPACK above it; the fused unpack (<= UNPACK_FUSED_MAX_N) and the split one; solve
+# kernel and LAPACK getrs.
+SIZES = sorted(
+    {
+        1,
+        _tuning.UNPACK_FUSED_MAX_N,
+        _tuning.UNPACK_FUSED_MAX_N + 1,
+        _tuning.FACTOR_KERNEL_COMPLEX_MAX_N,
+        _tuning.FACTOR_KERNEL_COMPLEX_MAX_N + 1,
+        _tuning.FACTOR_KERNEL_MAX_N,
+        _tuning.FACTOR_KERNEL_MAX_N + 1,
+        _tuning.LAPACK_POOL_MAX_N + 1,
+    }
+)
 
 
 def _bits(x: np.ndarray | None) -> bytes | None:

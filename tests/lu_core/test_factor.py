@@ -145,6 +145,32 @@ def test_non_contiguous_input(rng):
     np.testing.assert_allclose(P @ L @ U, A, atol=1e-12)
 
 
+@pytest.mark.parametrize("path", ["kernel", "lapack"])
+@pytest.mark.parametrize("layout", ["C", "F", "strided"])
+@pytest.mark.parametrize("shape", [(3, 19, 19), (2, 17, 11), (2, 11, 17), (1, 9, 9)], ids=str)
+def test_every_input_layout_gives_the_same_factorization(rng, shape, layout, path):
+    """Each path copies the input into its storage its own way (LAPACK's pool threads transpose a
+    C-ordered matrix just before factoring it): every layout gives the bits of a C-ordered copy."""
+    A = random_matrix(rng, shape, np.float64)
+    if layout == "F":
+        given = np.ascontiguousarray(A.swapaxes(-1, -2)).swapaxes(-1, -2)  # column-major per matrix
+    elif layout == "strided":
+        big = np.zeros((shape[0], 2 * shape[1], 3 * shape[2]))
+        big[:, ::2, ::3] = A
+        given = big[:, ::2, ::3]
+    else:
+        given = A
+    with cpu_path(path):
+        LU, piv, info = lu_core.lu_factor_ex(given)
+        LU_c, piv_c, info_c = lu_core.lu_factor_ex(np.ascontiguousarray(A))
+    np.testing.assert_array_equal(LU, LU_c)
+    np.testing.assert_array_equal(piv, piv_c)
+    np.testing.assert_array_equal(info, info_c)
+    LU_ref, piv_ref, _ = _reference.lu_factor_ex(A)
+    np.testing.assert_array_equal(piv, piv_ref)
+    assert_close(LU, LU_ref, np.float64, max(shape[-2:]))
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint16])
 def test_integers_promote_to_float64(dtype):
     A = np.array([[2, 1], [4, 3]], dtype=dtype)
