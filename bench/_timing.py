@@ -6,7 +6,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 
@@ -24,6 +24,7 @@ def interleaved(
     block: int = 3,
     pause: float = 0.01,
     slow_factor: float = float("inf"),
+    settle: Mapping[str, float] | None = None,
 ) -> dict[str, Timing]:
     """Time the contenders in alternating blocks of ``block`` back-to-back calls,
     the order rotated every round, so that noise on a shared machine hits all
@@ -35,6 +36,13 @@ def interleaved(
     threads, which spin for a while after a call, go idle. A contender whose warm
     call takes over ``slow_factor`` times the fastest one's (and over 10 ms) is
     not timed further: that call is its only sample.
+
+    ``settle`` maps a contender to seconds the harness busy-waits after each of its
+    blocks, before the pause: for a library whose idle threads spin longer than the
+    pause (OpenBLAS: ~0.1 s after each threaded call), so that they do not take the
+    cores from whichever contender comes next. Busy, not asleep, so that the machine
+    is left as warm as after any other contender (on a VM an idle core is slow to
+    come back: an idle 0.2 s made the next call up to 2x slower, measured).
     """
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     first: dict[str, float] = {}
@@ -61,6 +69,10 @@ def interleaved(
                 t = time.perf_counter()
                 contenders[name]()
                 samples[name].append(time.perf_counter() - t)
+            if settle and name in settle:
+                until = time.perf_counter() + settle[name]
+                while time.perf_counter() < until:
+                    pass
         rounds += 1
     out = {}
     for name, xs in samples.items():

@@ -29,6 +29,7 @@ import scipy.linalg
 import lu_core
 from bench._report import best_peer_table, summary, write
 from bench._timing import interleaved, machine
+from lu_core._cpu import _tuning as lapack_tuning
 
 GRID_N = (8, 32, 128, 512, 2048)
 GRID_BATCH = (1, 100, 10000, 100000)
@@ -41,6 +42,9 @@ PEERS = ("torch", "jax", "scipy", "numpy")
 #: other peers in every earlier run, so it cannot be the best peer there and is left out.
 SCIPY_MAX_BATCH = 100
 WIDE_RHS = 64
+#: How long the harness waits, busy, after a contender whose idle threads spin: OpenBLAS's spin
+#: 2**28 cycles after a threaded call (its default THREAD_TIMEOUT), ~0.1 s at 2.5 GHz; a margin.
+SPIN_S = 0.15
 
 
 def cases(quick: bool) -> list[tuple[int, int]]:
@@ -122,8 +126,18 @@ def run_case(batch: int, n: int, dtype: str, torch, jx, budget_s: float = 1.0) -
 
     def time_op(op: str, contenders: dict[str, Callable[[], object]]) -> None:
         # Blocks of 3 after a 20 ms pause: peers' worker threads (OpenMP, Eigen) spin for a while
-        # after their calls, and a contender timed right after them would pay for it.
-        times = interleaved(contenders, budget_s=budget_s, max_rounds=5, block=3, pause=0.02, slow_factor=5.0)
+        # after their calls, and a contender timed right after them would pay for it. Some spin
+        # longer (OpenBLAS ~0.1 s after a threaded call), so the harness waits them out after each
+        # contender that leaves them so: SciPy, JAX, and lu_core above LAPACK_POOL_MAX_N (below,
+        # its BLAS calls run one thread each). Measured, 64-right-hand-side solves at 100 x 128
+        # float64, lu_core against one peer: 16.6 ms after SciPy's (9.1 with the wait; SciPy 10.6),
+        # 16.6 after JAX's (11.0; JAX 16.5), 8.8 after PyTorch's (9.4 with the wait).
+        settle = {"scipy": SPIN_S, "jax": SPIN_S}
+        if n > lapack_tuning.LAPACK_POOL_MAX_N:
+            settle["lu_core"] = SPIN_S
+        times = interleaved(
+            contenders, budget_s=budget_s, max_rounds=5, block=3, pause=0.02, slow_factor=5.0, settle=settle
+        )
         row = {"op": op, "dtype": dtype, "batch": batch, "n": n}
         row.update(ours=times["lu_core"].median, spread=times["lu_core"].spread)
         row.update({p: times[p].median for p in PEERS if p in times})
@@ -185,7 +199,9 @@ def render(runs: list[list[dict]], facts: dict[str, str], command: str) -> str:
         f"# lu_core CPU benchmark, {dt.date.today().isoformat()}",
         "",
         f"Command: `{command}`. Medians over interleaved rounds of each contender (blocks of 3 calls, order",
-        "rotated every round; a peer whose warm call takes over 5× the fastest's is timed by that call",
+        "rotated every round, 20 ms apart; after SciPy's and JAX's blocks, and lu_core's where it calls",
+        f"threaded OpenBLAS (n > {lapack_tuning.LAPACK_POOL_MAX_N}), the harness waits {SPIN_S} s, busy, for their",
+        "spinning threads to go idle; a peer whose warm call takes over 5× the fastest's is timed by that call",
         "alone); `spread` is lu_core's interquartile range over its median. Headline: lu_core",
         "time / the best peer's time in the same cell (below 1: lu_core faster), shown for every run of the",
         "grid so the noise is visible; the per-peer ratios are those of run 1. Peers: PyTorch CPU",

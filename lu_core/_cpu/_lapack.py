@@ -152,13 +152,19 @@ def getrf(
     _run_chunked(task, s.shape[0], max(s.shape[1:]))
 
 
-def getrs(s: np.ndarray, piv0: np.ndarray, lu_index: np.ndarray, w: np.ndarray, trans: int) -> None:
+def getrs(
+    s: np.ndarray, piv0: np.ndarray, lu_index: np.ndarray, w: np.ndarray, trans: int, src: np.ndarray | None = None
+) -> None:
     """Solve in place on ``w[t].T`` with factorization ``lu_index[t]``;
-    ``trans`` is 0 (A), 1 (A^T) or 2 (A^H)."""
+    ``trans`` is 0 (A), 1 (A^T) or 2 (A^H). With ``src`` (C-contiguous, ``src[t] == w[t].T``
+    wanted), each ``src[t]`` is first transposed into ``w[t]`` by the thread that solves it."""
     (fn,) = get_lapack_funcs(("getrs",), dtype=s.dtype)
+    transpose = _kernels.transpose_into.serial
 
     def task(lo: int, hi: int) -> None:
         for t in range(lo, hi):
+            if src is not None:
+                transpose(src[t : t + 1], w[t : t + 1])
             j = lu_index[t]
             rhs = w[t].T
             # A copy of the pivots for every call: SciPy's ?getrs wrapper turns the array it is given

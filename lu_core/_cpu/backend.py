@@ -202,17 +202,23 @@ class CpuBackend:
         # The kernel keeps M as it is (row i = equation i of every right-hand
         # side, contiguous over them); LAPACK wants each M column-major, i.e.
         # the rows of w are M's columns. Either way M is copied once, into the
-        # output, and solved in place (np.copyto broadcasts B's batch).
+        # output, and solved in place (np.copyto broadcasts B's batch). A C-ordered
+        # M, one per problem, is transposed for LAPACK by the pool thread that
+        # solves it, just before (as the factor path does).
         w = np.empty((*out_batch, n, nrhs) if kernel else (*out_batch, nrhs, n), dtype=lu.dtype)
-        np.copyto(w, rhs if kernel else rhs.swapaxes(-1, -2))
         w3 = w.reshape(nprob, *w.shape[-2:])
-        if conj_io:
+        src = None
+        if not kernel and nrhs > 1 and rhs.dtype == lu.dtype and rhs.shape[:-2] == out_batch and rhs.flags.c_contiguous:
+            src = rhs.reshape(nprob, n, nrhs)
+        else:
+            np.copyto(w, rhs if kernel else rhs.swapaxes(-1, -2))
+        if conj_io:  # (src is None then: conj_io is a right-side solve, rhs is not C-ordered)
             np.conjugate(w3, out=w3)
         if w3.size:
             if kernel:
                 _kernels.getrs(_split(nprob, 2 * nprob * nrhs * n * n), s, piv0, lu_index, w3, trans)
             else:
-                _lapack.getrs(s, piv0, lu_index, w3, trans)
+                _lapack.getrs(s, piv0, lu_index, w3, trans, src)
         if conj_io:
             np.conjugate(w3, out=w3)
         return w if kernel == left else w.swapaxes(-1, -2)
