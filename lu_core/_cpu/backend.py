@@ -208,11 +208,12 @@ class CpuBackend:
         w = np.empty((*out_batch, n, nrhs) if kernel else (*out_batch, nrhs, n), dtype=lu.dtype)
         w3 = w.reshape(nprob, *w.shape[-2:])
         src = None
-        if not kernel and nrhs > 1 and rhs.dtype == lu.dtype and rhs.shape[:-2] == out_batch and rhs.flags.c_contiguous:
+        fuse = not kernel and not conj_io and nrhs > 1 and rhs.dtype == lu.dtype and rhs.shape[:-2] == out_batch
+        if fuse and rhs.flags.c_contiguous:
             src = rhs.reshape(nprob, n, nrhs)
         else:
             np.copyto(w, rhs if kernel else rhs.swapaxes(-1, -2))
-        if conj_io:  # (src is None then: conj_io is a right-side solve, rhs is not C-ordered)
+        if conj_io:
             np.conjugate(w3, out=w3)
         if w3.size:
             if kernel:

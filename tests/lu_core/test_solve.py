@@ -45,6 +45,34 @@ def test_residual(rng, case, dtype, left, adjoint, path):
     assert_close(AX, np.broadcast_to(B, AX.shape), dtype, n, scale=max(1.0, float(np.abs(B).max(initial=0))))
 
 
+def _laid_out(B: np.ndarray, layout: str) -> np.ndarray:
+    if layout == "F":
+        return np.ascontiguousarray(B.swapaxes(-1, -2)).swapaxes(-1, -2)  # column-major per matrix
+    if layout == "strided":
+        big = np.zeros((*B.shape[:-2], 2 * B.shape[-2], 3 * B.shape[-1]), B.dtype)
+        big[..., ::2, ::3] = B
+        return big[..., ::2, ::3]
+    return B
+
+
+@pytest.mark.parametrize("path", ["kernel", "lapack"])
+@pytest.mark.parametrize("layout", ["F", "strided"])
+@pytest.mark.parametrize("adjoint", [False, True])
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("dtype", [np.float64, np.complex128])
+def test_every_rhs_layout_gives_the_bits_of_a_c_ordered_one(rng, dtype, left, adjoint, layout, path):
+    """Each path copies B into its work array its own way (LAPACK's pool threads transpose a
+    C-ordered block just before solving it; a conjugated right-side solve must not take that road)."""
+    A = well_conditioned(rng, (3, 20, 20), dtype)
+    B = random_matrix(rng, (3, 20, 4) if left else (3, 4, 20), dtype)
+    with cpu_path(path):
+        LU, piv = lu_core.lu_factor(A)
+        X = lu_core.lu_solve(LU, piv, _laid_out(B, layout), left=left, adjoint=adjoint)
+        X_c = lu_core.lu_solve(LU, piv, np.ascontiguousarray(B), left=left, adjoint=adjoint)
+    np.testing.assert_array_equal(X, X_c)
+    assert_close(X, _reference.lu_solve(LU, piv, B, left=left, adjoint=adjoint), dtype, 20)
+
+
 @pytest.mark.parametrize("adjoint", [False, True])
 @pytest.mark.parametrize("left", [True, False])
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
