@@ -286,9 +286,8 @@ def combine(files: list[pathlib.Path], out: pathlib.Path | None, progress: Calla
     """One report from the runs saved in several reports' ``.json`` files (e.g. runs made side by side)."""
     saved = [json.loads(f.read_text()) for f in files]
     runs = [run for s in saved for run in s["runs"]]
-    command = (
-        " and ".join(s["command"] for s in saved) + f", each with --runs 1, combined with --combine ({len(runs)} runs)"
-    )
+    each = " and ".join(f"{s['command']} ({len(s['runs'])} run{'s' * (len(s['runs']) != 1)})" for s in saved)
+    command = f"{each}, in separate processes, combined with --combine ({len(runs)} runs)"
     _report(runs, saved[0]["facts"], command, False, out, progress)
 
 
