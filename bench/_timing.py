@@ -38,7 +38,7 @@ def interleaved(
     not timed further: that call is its only sample.
 
     ``settle`` maps a contender to seconds the harness busy-waits after each of its
-    blocks, before the pause: for a library whose idle threads spin longer than the
+    blocks (its warm-up included), before the pause: for a library whose idle threads spin longer than the
     pause (OpenBLAS: ~0.1 s after each threaded call), so that they do not take the
     cores from whichever contender comes next. Busy, not asleep, so that the machine
     is left as warm as after any other contender (on a VM an idle core is slow to
@@ -46,11 +46,20 @@ def interleaved(
     """
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     first: dict[str, float] = {}
+
+    def wait_out(name: str) -> None:
+        if settle and name in settle:
+            until = time.perf_counter() + settle[name]
+            while time.perf_counter() < until:
+                pass
+
     for name, fn in contenders.items():  # warm-up: JIT, caches, thread pools; the second call is timed
+        time.sleep(pause)
         fn()
         t = time.perf_counter()
         fn()
         first[name] = time.perf_counter() - t
+        wait_out(name)
     # A contender far slower than the fastest cannot change which is fastest, nor a ratio to
     # it much: its warm call is its one sample, which keeps slow peers from eating the budget.
     fastest = min(first.values())
@@ -69,10 +78,7 @@ def interleaved(
                 t = time.perf_counter()
                 contenders[name]()
                 samples[name].append(time.perf_counter() - t)
-            if settle and name in settle:
-                until = time.perf_counter() + settle[name]
-                while time.perf_counter() < until:
-                    pass
+            wait_out(name)
         rounds += 1
     out = {}
     for name, xs in samples.items():

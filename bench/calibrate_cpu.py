@@ -111,7 +111,10 @@ def _factor_dtypes(rng: np.random.Generator) -> None:
             for many in (False, True):
                 ratios = []
                 for n in sizes:
-                    A = rng.standard_normal((max(1, (1 << 21) // (n * n)) if many else 1, n, n)).astype(dtype)
+                    shape = (max(1, (1 << 21) // (n * n)) if many else 1, n, n)
+                    A = rng.standard_normal(shape).astype(dtype)
+                    if A.dtype.kind == "c":
+                        A.imag = rng.standard_normal(shape)
                     factor = lambda A=A: lu_core.lu_factor(A)  # noqa: E731
                     t = interleaved(
                         {"k": lambda f=factor: with_max(1 << 30, f), "l": lambda f=factor: with_max(0, f)},

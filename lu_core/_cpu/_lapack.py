@@ -128,8 +128,8 @@ def getrf(
 
     ``src`` as in :func:`lu_core._cpu._kernels.getrf`: ``src[b]`` is the matrix itself,
     C-ordered, when ``transposed`` (it is transposed into ``s[b]``), else already in
-    transposed storage. Each matrix is copied by the pool thread that factors it, just
-    before, so that LAPACK finds it in cache and the copies run on every core (100 x 128
+    transposed storage. Each matrix is copied by the thread that factors it, just before, so
+    that LAPACK finds it in cache and, on the pool, the copies run on every core (100 x 128
     x 128 float64: 6.0 ms against 9.5 with one transposing copy of the whole batch first).
     """
     (fn,) = get_lapack_funcs(("getrf",), dtype=s.dtype)

@@ -27,11 +27,13 @@ from __future__ import annotations
 #: Re-measured 2026-11-25 with LAPACK's copies fused into its pool tasks (kernel / LAPACK,
 #: batch 1 and ~2**21 elements, two runs; ``bench.calibrate_cpu`` prints the table): float64
 #: 0.74-0.89 at 80, 1.00-1.15 at 96, 1.03-1.20 at 112, 1.24-1.60 at 128; float32 0.64-0.91
-#: at 96, 0.77-1.00 at 112, 1.07-1.33 at 128.
+#: at 96, 0.77-1.00 at 112, 1.07-1.33 at 128. One limit for both: 96 is a little late for
+#: float64 and a little early for float32, both within this machine's noise.
 FACTOR_KERNEL_MAX_N = 96
 
 #: The same for complex dtypes, whose kernel loops do not vectorize: complex128 kernel /
-#: LAPACK 0.64-0.85 at n = 32, 0.94-1.30 at 48, 1.5-2.1 from 64 to 96 (same runs).
+#: LAPACK 0.64-0.85 at n = 32, 0.94-1.30 at 48, 1.5-2.1 from 64 to 96 (same runs); complex64
+#: (a run beside other load, complex parts random): 0.67-1.08 at 32, 1.04-1.61 at 48, 1.5-2.1 at 64.
 FACTOR_KERNEL_COMPLEX_MAX_N = 32
 
 #: The batched solve kernel takes systems up to this ``n`` ...

@@ -50,6 +50,15 @@ def _transposed(a3: np.ndarray) -> np.ndarray:
     return out
 
 
+def _factor_source(a3: np.ndarray) -> tuple[np.ndarray, bool]:
+    """What the factor paths copy from: ``(a3[b].T storage, False)`` as a view when ``a3`` is column-major
+    per matrix, else ``(a3 C-ordered, True)``, each matrix to be transposed by the thread that factors it."""
+    st = a3.swapaxes(1, 2)
+    if st.flags.c_contiguous:
+        return st, False
+    return np.ascontiguousarray(a3), True
+
+
 def _split(items: int, work: int) -> int:
     """The work by which a kernel whose parallel loop runs over ``items`` (matrices or problems)
     picks its twin: none with a single item, which the thread pool cannot split (waking it then
@@ -128,9 +137,7 @@ class CpuBackend:
         # The factorization is written into fresh storage: the input is never modified.
         s = np.empty((nb, n, m), dtype=a.dtype)
         if nb and k:
-            st = a3.swapaxes(1, 2)
-            transposed = not st.flags.c_contiguous
-            src = np.ascontiguousarray(a3) if transposed else st
+            src, transposed = _factor_source(a3)
             if pivot and not _factor_by_kernel(max(m, n), a.dtype):
                 _lapack.getrf(s, piv, info, src, transposed)
                 piv += 1  # 0-based -> LAPACK 1-based (the kernel below writes them 1-based)
@@ -211,10 +218,10 @@ class CpuBackend:
         fuse = not kernel and not conj_io and nrhs > 1 and rhs.dtype == lu.dtype and rhs.shape[:-2] == out_batch
         if fuse and rhs.flags.c_contiguous:
             src = rhs.reshape(nprob, n, nrhs)
+        elif conj_io:
+            np.conjugate(rhs if kernel else rhs.swapaxes(-1, -2), out=w)  # copy and conjugate in one pass
         else:
             np.copyto(w, rhs if kernel else rhs.swapaxes(-1, -2))
-        if conj_io:
-            np.conjugate(w3, out=w3)
         if w3.size:
             if kernel:
                 _kernels.getrs(_split(nprob, 2 * nprob * nrhs * n * n), s, piv0, lu_index, w3, trans)
@@ -237,10 +244,7 @@ class CpuBackend:
             return None
         batch = a.shape[:-2]
         nb = math.prod(batch)
-        a3 = a.reshape(nb, n, n)
-        st = a3.swapaxes(1, 2)
-        transposed = not st.flags.c_contiguous
-        src = np.ascontiguousarray(a3) if transposed else st
+        src, transposed = _factor_source(a.reshape(nb, n, n))
         s = np.empty((nb, n, n), dtype=a.dtype)
         piv = np.empty((nb, n), dtype=np.int32)
         info = np.zeros(nb, dtype=np.int32)

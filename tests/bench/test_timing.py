@@ -19,16 +19,16 @@ def test_rounds_rotate_and_settle_waits_after_the_named_contender_only():
         max_rounds=3,
         block=2,
         pause=0.0,
-        settle={"a": 0.2},
+        settle={"a": 0.6},
     )
     assert set(out) == {"a", "b", "c"} and all(t.runs == 6 for t in out.values())
-    timed = calls[6:]  # after the warm-up (two calls each)
-    order = [name for name, _ in timed[::2]]
-    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # blocks rotate every round
-    for i in range(1, len(timed)):
-        gap = timed[i][1] - timed[i - 1][1]
-        block_ends_after_a = timed[i - 1][0] == "a" and timed[i][0] != "a"
-        if block_ends_after_a:
-            assert gap >= 0.2, f"no wait after a's block (call {i})"
+    names = [name for name, _ in calls]
+    assert names[:6] == ["a", "a", "b", "b", "c", "c"]  # the warm-up: two calls each
+    assert names[6::2] == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]  # timed blocks rotate every round
+    # Wall-clock gaps on a shared machine: the wait is 0.6 s, a stall long enough to pass for it is not.
+    for i in range(1, len(calls)):
+        gap = calls[i][1] - calls[i - 1][1]
+        if names[i - 1] == "a" and names[i] != "a":  # a's warm-up or block just ended
+            assert gap >= 0.6, f"no wait after a (call {i})"
         else:
-            assert gap < 0.1, f"a wait where none was asked (call {i}: after {timed[i - 1][0]})"
+            assert gap < 0.3, f"a wait where none was asked (call {i}: after {names[i - 1]})"

@@ -109,7 +109,9 @@ def _twin(kind: str) -> Iterator[None]:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [3, _tuning.UNPACK_FUSED_MAX_N + 3, _tuning.FACTOR_KERNEL_MAX_N])
+@pytest.mark.parametrize(
+    "n", [3, _tuning.UNPACK_FUSED_MAX_N + 3, _tuning.FACTOR_KERNEL_COMPLEX_MAX_N, _tuning.FACTOR_KERNEL_MAX_N]
+)
 def test_serial_and_parallel_twins_give_the_same_bits(rng, dtype, n):
     """The same batch through each twin of every kernel (forced both ways)."""
     A = well_conditioned(rng, (5, n, n), dtype)
@@ -148,7 +150,22 @@ def test_nonfinite_entries_keep_bits_alone_and_batched(rng):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [1, 8, 16, 17, 40, _tuning.FACTOR_KERNEL_MAX_N, _tuning.FACTOR_KERNEL_MAX_N + 1])
+@pytest.mark.parametrize(
+    "n",
+    sorted(
+        {
+            1,
+            8,
+            16,
+            17,
+            40,
+            _tuning.FACTOR_KERNEL_COMPLEX_MAX_N,  # the fused kernel's last complex size ...
+            _tuning.FACTOR_KERNEL_COMPLEX_MAX_N + 1,  # ... and the first composed one
+            _tuning.FACTOR_KERNEL_MAX_N,
+            _tuning.FACTOR_KERNEL_MAX_N + 1,
+        }
+    ),
+)
 # 5 right-hand sides: the kernel for any dtype (n * nrhs <= 768); 64: the kernel for real n <= 96, else getrs.
 @pytest.mark.parametrize("nrhs", [5, 64])
 def test_solve_equals_factor_then_solve(rng, dtype, n, nrhs):
