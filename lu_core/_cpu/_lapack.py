@@ -134,6 +134,14 @@ def getrf(
     """
     (fn,) = get_lapack_funcs(("getrf",), dtype=s.dtype)
     transpose = _kernels.transpose_into.serial
+    if src is not None and max(s.shape[1:]) > _tuning.LAPACK_POOL_MAX_N:
+        # Factored one after another on this thread, BLAS threaded inside: copy them all first with the
+        # parallel kernel instead (2048 x 2048 float64: 4.1 ms against 7.8 on one core).
+        if transposed:
+            _kernels.transpose_into(src.size, src, s)
+        else:
+            np.copyto(s, src)
+        src = None
 
     def task(lo: int, hi: int) -> None:
         for b in range(lo, hi):

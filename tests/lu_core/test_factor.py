@@ -147,10 +147,11 @@ def test_non_contiguous_input(rng):
 
 @pytest.mark.parametrize("path", ["kernel", "lapack"])
 @pytest.mark.parametrize("layout", ["C", "F", "strided"])
-@pytest.mark.parametrize("shape", [(3, 19, 19), (2, 17, 11), (2, 11, 17), (1, 9, 9)], ids=str)
+@pytest.mark.parametrize("shape", [(3, 19, 19), (2, 17, 11), (2, 11, 17), (1, 9, 9), (2, 259, 257)], ids=str)
 def test_every_input_layout_gives_the_same_factorization(rng, shape, layout, path):
     """Each path copies the input into its storage its own way (LAPACK's pool threads transpose a
-    C-ordered matrix just before factoring it): every layout gives the bits of a C-ordered copy."""
+    C-ordered matrix just before factoring it; above LAPACK_POOL_MAX_N the batch is copied first):
+    every layout gives the bits of a C-ordered copy."""
     A = random_matrix(rng, shape, np.float64)
     if layout == "F":
         given = np.ascontiguousarray(A.swapaxes(-1, -2)).swapaxes(-1, -2)  # column-major per matrix
@@ -166,9 +167,10 @@ def test_every_input_layout_gives_the_same_factorization(rng, shape, layout, pat
     np.testing.assert_array_equal(LU, LU_c)
     np.testing.assert_array_equal(piv, piv_c)
     np.testing.assert_array_equal(info, info_c)
-    LU_ref, piv_ref, _ = _reference.lu_factor_ex(A)
-    np.testing.assert_array_equal(piv, piv_ref)
-    assert_close(LU, LU_ref, np.float64, max(shape[-2:]))
+    if max(shape[-2:]) < 64:  # the reference is plain Python: seconds at n = 259, where the bits above suffice
+        LU_ref, piv_ref, _ = _reference.lu_factor_ex(A)
+        np.testing.assert_array_equal(piv, piv_ref)
+        assert_close(LU, LU_ref, np.float64, max(shape[-2:]))
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint16])
