@@ -41,11 +41,10 @@ _NONE = np.empty(0, np.intp)
 def _transposed(a3: np.ndarray) -> np.ndarray:
     """``s`` with ``s[b] == a3[b].T``, C-contiguous; a view when ``a3`` is
     already column-major per matrix, else one transposing copy."""
-    st = a3.swapaxes(1, 2)
-    if st.flags.c_contiguous:
-        return st
-    src = np.ascontiguousarray(a3)
-    out = np.empty(st.shape, dtype=a3.dtype)
+    src, transposed = _factor_source(a3)
+    if not transposed:
+        return src
+    out = np.empty((a3.shape[0], a3.shape[2], a3.shape[1]), dtype=a3.dtype)
     _kernels.transpose_into(src.size, src, out)
     return out
 
@@ -215,8 +214,8 @@ class CpuBackend:
         w = np.empty((*out_batch, n, nrhs) if kernel else (*out_batch, nrhs, n), dtype=lu.dtype)
         w3 = w.reshape(nprob, *w.shape[-2:])
         src = None
-        fuse = not kernel and not conj_io and nrhs > 1 and rhs.dtype == lu.dtype and rhs.shape[:-2] == out_batch
-        if fuse and rhs.flags.c_contiguous:
+        own = not kernel and not conj_io and nrhs > 1 and rhs.dtype == lu.dtype and rhs.shape[:-2] == out_batch
+        if own and rhs.flags.c_contiguous:  # each LAPACK thread transposes its own block (_lapack.getrs)
             src = rhs.reshape(nprob, n, nrhs)
         elif conj_io:
             np.conjugate(rhs if kernel else rhs.swapaxes(-1, -2), out=w)  # copy and conjugate in one pass

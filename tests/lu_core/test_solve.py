@@ -73,6 +73,19 @@ def test_every_rhs_layout_gives_the_bits_of_a_c_ordered_one(rng, dtype, left, ad
     assert_close(X, _reference.lu_solve(LU, piv, B, left=left, adjoint=adjoint), dtype, 20)
 
 
+@pytest.mark.parametrize("layout", ["C", "F"])
+def test_many_rhs_above_the_pool_size(rng, layout):
+    """Above LAPACK_POOL_MAX_N the right-hand sides are copied into LAPACK's layout up front (one
+    parallel copy), not by the solving threads: residuals, and the bits of the other layout."""
+    n = 260
+    A = well_conditioned(rng, (2, n, n), np.float64)
+    B = random_matrix(rng, (2, n, 3), np.float64)
+    LU, piv = lu_core.lu_factor(A)
+    X = lu_core.lu_solve(LU, piv, _laid_out(B, layout))
+    np.testing.assert_array_equal(X, lu_core.lu_solve(LU, piv, np.ascontiguousarray(B)))
+    assert_close(A @ X, B, np.float64, n, scale=max(1.0, float(np.abs(B).max())))
+
+
 @pytest.mark.parametrize("adjoint", [False, True])
 @pytest.mark.parametrize("left", [True, False])
 @pytest.mark.parametrize("dtype", [np.float64, np.complex128])
