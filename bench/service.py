@@ -386,20 +386,30 @@ def receive_cost(urls: dict[str, str], copier: CopyServer, reps: int, progress: 
     return rows
 
 
-def small_vs_bare(url: str, bare_url: str, clients: int, seconds: float, rounds: int, progress) -> list[dict]:
-    """8x8 ``/solve`` at ``clients`` connections against the service and the bare ASGI app, alternating."""
-    runs: dict[str, list[dict]] = {"service": [], "bare ASGI app": []}
+BARE = "bare ASGI app"
+BARE_COLUMNS = ["server", "clients", "rounds", "req/s", "/ bare", "/ inline", "p50 ms", "p99 ms", "non-200"]
+INLINE = "bare app computing inline"
+
+
+def small_vs_bare(urls: dict[str, str], clients: int, seconds: float, rounds: int, progress) -> list[dict]:
+    """8x8 ``/solve`` at ``clients`` connections against each of ``urls`` (the service, the bare ASGI app
+    under ``BARE``, ...), alternating round by round."""
+    runs: dict[str, list[dict]] = {name: [] for name in urls}
+    for target in urls.values():  # warm: first calls load lu_core's compiled kernels
+        asyncio.run(_concurrency(target, 2, 0.3))
     for _ in range(rounds):
-        for name, target in (("service", url), ("bare ASGI app", bare_url)):
+        for name, target in urls.items():
             runs[name].append(asyncio.run(_concurrency(target, clients, seconds)))
-    bare_rate = statistics.median(r["req/s"] for r in runs["bare ASGI app"])
+    bare_rate = statistics.median(r["req/s"] for r in runs[BARE])
+    inline_rate = statistics.median(r["req/s"] for r in runs[INLINE]) if INLINE in runs else None
     rows = []
     for name, rs in runs.items():
         rate = statistics.median(r["req/s"] for r in rs)
         rows.append({"server": name, "clients": clients, "rounds": len(rs), "req/s": rate,
                      "p50 ms": statistics.median(r["p50 ms"] for r in rs),
                      "p99 ms": statistics.median(r["p99 ms"] for r in rs),
-                     "non-200": sum(r["non-200"] for r in rs), "/ bare": rate / bare_rate})  # fmt: skip
+                     "non-200": sum(r["non-200"] for r in rs), "/ bare": rate / bare_rate,
+                     "/ inline": rate / inline_rate if inline_rate else None})  # fmt: skip
         progress(f"8x8 solve, {clients} clients, {name}: {rate:.0f} req/s ({rate / bare_rate:.0%} of bare)")
     return rows
 
@@ -658,8 +668,13 @@ def report(
             "`python -m service` (`service.__main__.server_config`), serving an app that reads the body and",
             "answers a fixed body of the size of the service's answer. Same client (keep-alive connections on",
             "asyncio streams), same run, alternating rounds; medians over rounds. Goal: service >= 60% of bare.",
+            f"`{INLINE}` (`LU_BARE_COMPUTE=1`): the same app doing a request's own work inline on the event",
+            "loop (the service's binary decoding, `lu_core.solve`, the binary encoding of X) and nothing else:",
+            "no admission, request ids, metrics, worker thread or buffer pool. It is the ceiling of a Python",
+            "service that computes under this server on this machine; `service / inline` is what the service's",
+            "own layers leave of it.",
             "",
-            table(bare_rows, ["server", "clients", "rounds", "req/s", "/ bare", "p50 ms", "p99 ms", "non-200"]),
+            table(bare_rows, BARE_COLUMNS),
             "",
         ]
     if stored_rows:
@@ -714,12 +729,15 @@ def _receive_part(url: str, copier: CopyServer, quick: bool, progress: Callable[
 def _bare_part(url: str, quick: bool, progress: Callable[[str], None]) -> list[dict]:
     answer = len(httpx.post(f"{url}/solve", content=binary_body(_small_solve())[0],
                             headers=binary_body(_small_solve())[1]).content)  # fmt: skip
-    proc, bare_url = start_server(module="bench._bare_asgi", LU_BARE_ANSWER_BYTES=str(answer))
+    bare = start_server(module="bench._bare_asgi", LU_BARE_ANSWER_BYTES=str(answer))
+    inline = start_server(module="bench._bare_asgi", LU_BARE_COMPUTE="1")
     try:
-        return small_vs_bare(url, bare_url, 16, 1.0 if quick else 3.0, 1 if quick else 3, progress)
+        urls = {"service": url, BARE: bare[1], INLINE: inline[1]}
+        return small_vs_bare(urls, 16, 1.0 if quick else 3.0, 1 if quick else 3, progress)
     finally:
-        proc.terminate()
-        proc.wait(60)
+        for proc, _ in (bare, inline):
+            proc.terminate()
+            proc.wait(60)
 
 
 def run(quick: bool, out: Path | None, progress: Callable[[str], None], parts: tuple[str, ...] = PARTS) -> Path | None:

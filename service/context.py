@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import re
 from contextvars import ContextVar
+from random import getrandbits
 
 __all__ = ["choose_request_id", "current_request_id", "new_request_id", "request_id_var"]
 
@@ -18,8 +18,13 @@ def current_request_id() -> str:
 
 
 def new_request_id() -> str:
-    """A fresh request id: 128 random bits in hex (as ``uuid4().hex``, without building a UUID)."""
-    return os.urandom(16).hex()
+    """A fresh request id: 128 random bits in 32 hex digits (as ``uuid4().hex``, without building a UUID).
+
+    From the ``random`` module's generator (seeded by the OS at start and again in a forked child),
+    not ``os.urandom``: an id correlates logs and answers, it guards nothing, and the system call
+    per request showed in the profile of small requests.
+    """
+    return f"{getrandbits(128):032x}"
 
 
 def choose_request_id(given: str | None) -> str:

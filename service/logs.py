@@ -18,9 +18,20 @@ _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "re
 
 
 class JsonFormatter(logging.Formatter):
+    _second = -1
+    _stamp = ""
+
+    def _timestamp(self, record: logging.LogRecord) -> str:
+        """ISO 8601 UTC with milliseconds; the part down to the second formatted once per second."""
+        second = int(record.created)
+        if second != self._second:
+            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = second
+        return f"{self._stamp}.{int(record.msecs):03d}Z"
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": self._timestamp(record),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -39,7 +50,16 @@ class _RequestIdFilter(logging.Filter):
 
 
 def configure_logging(level: str, json_lines: bool) -> None:
-    """Route the service's and uvicorn's loggers to stderr in one format."""
+    """Route the service's and uvicorn's loggers to stderr in one format.
+
+    Neither format shows the caller's file and line, thread or process, so records do not collect
+    them (the logging HOWTO's "Optimization"; the caller's frame walk was a tenth of an access log
+    line's cost, and the access log of a small request about a quarter of the request's).
+    """
+    logging._srcfile = None  # type: ignore[attr-defined]
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_RequestIdFilter())
     handler.setFormatter(

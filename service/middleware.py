@@ -143,6 +143,8 @@ class RequestMiddleware:
         self.metrics.observe_request(
             endpoint, scope["method"], str(state["status"]), seconds, state["in"], state["out"]
         )
+        if not log.isEnabledFor(logging.INFO):  # LU_LOG_LEVEL above info: not even the record's fields
+            return
         log.info(
             "%s %s %d",
             scope["method"],

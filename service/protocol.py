@@ -107,7 +107,6 @@ class BodySink:
         if self._view is not None or self.received:
             raise RuntimeError("a body sink is opened once")
         self._view = view
-        self._event = asyncio.Event()
         cycle = self.cycle
         if cycle.waiting_for_100_continue and not cycle.transport.is_closing():
             # What uvicorn's receive() does on the first read: the client waits for it to send the body.
@@ -115,9 +114,9 @@ class BodySink:
             cycle.waiting_for_100_continue = False
         pending, self.cycle.body = self.cycle.body, bytearray()
         self.write(pending)
-        if self.finished:
-            self._event.set()
+        if self.finished:  # the usual small body: it had arrived whole, nothing to wait for
             return
+        self._event = asyncio.Event()
         if direct and self.protocol is not None and self.remaining >= DIRECT_MIN:
             self.protocol.receive_directly(self)
         self.cycle.flow.resume_reading()  # uvicorn pauses reading while a chunk waits for the app
@@ -138,7 +137,8 @@ class BodySink:
             self._event.set()
 
     async def wait(self) -> None:
-        if self._event is not None:
+        """Until the body has ended (at once when it had already; :meth:`open` first)."""
+        if self._event is not None and not self.finished:
             await self._event.wait()
 
     @property

@@ -28,6 +28,8 @@ def test_quick_cpu_and_service_suites_write_reports_and_plots(tmp_path, capsys):
     assert "## Receiving a 128 MiB binary request" in service and "| plain loopback copy |" in service
     assert "| service, no buffer pool (LU_BODY_POOL_BYTES=0) |" in service
     assert "| bare ASGI app | 16 |" in service and "| service | 16 |" in service
+    inline = next(line for line in service.splitlines() if line.startswith("| bare app computing inline | 16 |"))
+    assert inline.endswith("| 0 |")  # every answer a 200: the inline app really solved the requests
     for op in ("lu_factor", "lu_unpack", "lu_solve", "solve"):
         assert f"| {op} | float32 |" in report and f"| {op} | float64 |" in report
     assert "vs scipy" in report and "## Machine" in report

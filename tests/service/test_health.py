@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import anyio
 import pytest
@@ -73,9 +74,11 @@ def test_json_logs_carry_the_request_id():
     assert line["msg"] == "hello you" and line["request_id"] == "r-1" and line["status"] == 200
 
 
-async def test_access_log_lines_are_json_with_the_request_id(client, capsys):
+async def test_access_log_lines_are_json_with_the_request_id(client, capsys, monkeypatch):
     root = logging.getLogger()
     saved = root.handlers[:], root.level
+    for flag in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing"):  # set by configure_logging
+        monkeypatch.setattr(logging, flag, getattr(logging, flag))
     configure_logging("info", json_lines=True)
     try:
         await client.get("/healthz", headers={"x-request-id": "trace-me"})
@@ -85,6 +88,7 @@ async def test_access_log_lines_are_json_with_the_request_id(client, capsys):
     access = next(x for x in lines if x["logger"] == "service.access")
     assert access["request_id"] == "trace-me" and access["status"] == 200 and access["path"] == "/healthz"
     assert access["duration_ms"] >= 0 and access["level"] == "info"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", access["ts"]), access["ts"]
 
 
 def test_settings_come_from_lu_environment(monkeypatch):
