@@ -5,7 +5,7 @@ kernel launch and thread wake-up, on a GPU a launch, a synchronisation and two
 copies), so many clients sending one small system each should cost the device
 one batched call. The worker hands each job it takes to :func:`gather`, which
 takes the jobs already queued (or arriving within ``LU_BATCH_DELAY_US``) that
-:func:`merge_key` says are compatible; :func:`run_merged` stacks their tensors
+:func:`merge_key` says are compatible; :func:`launch_merged` stacks their tensors
 along one batch axis, computes once and splits the answers back.
 
 Two jobs are compatible when they ask for the same operation with the same
@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["MERGEABLE", "BatchJob", "gather", "merge_key", "run_merged", "signature"]
+__all__ = ["MERGEABLE", "BatchJob", "gather", "launch_merged", "merge_key", "signature"]
 
 # Core (per-matrix) rank of each input: the dimensions after the batch dimensions.
 _CORE_RANK = {"A": 2, "LU": 2, "pivots": 1}
@@ -42,6 +42,14 @@ _CORE_RANK = {"A": 2, "LU": 2, "pivots": 1}
 # matrix of the call has converged, so a matrix's result can depend on its neighbours: they run alone.
 MERGEABLE = frozenset({"lu_factor", "lu_unpack", "lu_solve", "lu", "solve", "det", "slogdet"})
 _PRIMARY = ("A", "LU")
+
+
+class Started(Protocol):
+    def result(self) -> dict[str, Any]: ...
+
+
+#: ``Device.launch_stacked``: a call over stacked parts, started; its answer from ``.result()``.
+LaunchStacked = Callable[..., Started]
 
 
 class BatchJob(Protocol):
@@ -182,22 +190,18 @@ def gather(
     return batch
 
 
-def run_merged(
-    run_stacked: Callable[
-        [Callable[..., dict[str, Any]], Mapping[str, Sequence[np.ndarray]], Mapping[str, bool]], dict[str, Any]
-    ],
-    jobs: Sequence[BatchJob],
-) -> list[dict[str, Any]]:
-    """Compute ``jobs`` (compatible, at least one) in one call; each job's answer, shaped as if alone.
+def launch_merged(launch_stacked: LaunchStacked, jobs: Sequence[BatchJob]) -> Callable[[], list[dict[str, Any]]]:
+    """Start ``jobs`` (compatible, at least one) as one call; returns the function that collects each
+    job's answer, shaped as if alone (the call's errors come from either).
 
-    ``run_stacked`` (:meth:`service.device.Device.run_stacked`) gets each input as the list of the
+    ``launch_stacked`` (:meth:`service.device.Device.launch_stacked`) gets each input as the list of the
     jobs' parts, flattened to one batch axis, and concatenates them where the device reads them.
     """
     first = jobs[0]
     primary = next(p for p in _PRIMARY if p in first.tensors)
     batches = [job.tensors[primary].shape[:-2] for job in jobs]
     if not any(batches):
-        return _run_single(run_stacked, jobs)
+        return _launch_single(launch_stacked, jobs)
     n = len(batches[0])
     counts = [math.prod(b) for b in batches]
     parts = {
@@ -205,23 +209,27 @@ def run_merged(
         name: [job.tensors[name].reshape((c, *t.shape[n:])) for job, c in zip(jobs, counts, strict=True)]
         for name, t in first.tensors.items()
     }
-    outputs = run_stacked(first.compute, parts, first.options)
-    answers: list[dict[str, Any]] = []
-    start = 0
-    for batch, count in zip(batches, counts, strict=True):
-        if not batch:  # one matrix: index the output (a view without the batch axis, 0-d an array too)
-            answers.append({k: None if v is None else v[start, ...] for k, v in outputs.items()})
-        else:
-            stop = start + count
-            answers.append(
-                {k: None if v is None else v[start:stop].reshape((*batch, *v.shape[1:])) for k, v in outputs.items()}
-            )
-        start += count
+    launched = launch_stacked(first.compute, parts, first.options)
+
+    def answers() -> list[dict[str, Any]]:
+        items = launched.result().items()
+        split: list[dict[str, Any]] = []
+        start = 0
+        for batch, count in zip(batches, counts, strict=True):
+            if not batch:  # one matrix: index the output (a view without the batch axis, 0-d an array too)
+                split.append({k: None if v is None else v[start, ...] for k, v in items})
+            else:
+                stop = start + count
+                shaped = {k: None if v is None else v[start:stop].reshape((*batch, *v.shape[1:])) for k, v in items}
+                split.append(shaped)
+            start += count
+        return split
+
     return answers
 
 
-def _run_single(run_stacked: Callable[..., dict[str, Any]], jobs: Sequence[BatchJob]) -> list[dict[str, Any]]:
-    """:func:`run_merged` when every job is one matrix (the common case of many small requests).
+def _launch_single(launch_stacked: LaunchStacked, jobs: Sequence[BatchJob]) -> Callable[[], list[dict[str, Any]]]:
+    """:func:`launch_merged` when every job is one matrix (the common case of many small requests).
 
     The same call and answers, cheaper per job (measured: half the cost): the jobs' matrices are
     stacked along a new axis by the device (``new_axis``: on the CPU one ``np.asarray``, no
@@ -229,14 +237,19 @@ def _run_single(run_stacked: Callable[..., dict[str, Any]], jobs: Sequence[Batch
     """
     first = jobs[0]
     parts = {name: [job.tensors[name] for job in jobs] for name in first.tensors}
-    outputs = run_stacked(first.compute, parts, first.options, new_axis=True)
+    launched = launch_stacked(first.compute, parts, first.options, new_axis=True)
     count = len(jobs)
-    columns = [
-        # Iterating yields v[i] for each i (views); a 1-D output's v[i] would be a NumPy scalar, v[i, ...] is 0-d.
-        [None] * count if v is None else list(v) if v.ndim > 1 else [v[i, ...] for i in range(count)]
-        for v in outputs.values()
-    ]
-    if len(columns) == 1:  # one output (solve, lu_solve, det): no zip per job
-        (key,), (column,) = outputs, columns
-        return [{key: x} for x in column]
-    return [dict(zip(outputs, row, strict=True)) for row in zip(*columns, strict=True)]
+
+    def answers() -> list[dict[str, Any]]:
+        outputs = launched.result()
+        columns = [
+            # Iterating yields v[i] for each i (views); a 1-D output's v[i] would be a NumPy scalar, v[i, ...] is 0-d.
+            [None] * count if v is None else list(v) if v.ndim > 1 else [v[i, ...] for i in range(count)]
+            for v in outputs.values()
+        ]
+        if len(columns) == 1:  # one output (solve, lu_solve, det): no zip per job
+            (key,), (column,) = outputs, columns
+            return [{key: x} for x in column]
+        return [dict(zip(outputs, row, strict=True)) for row in zip(*columns, strict=True)]
+
+    return answers

@@ -29,7 +29,7 @@ import math
 import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -39,7 +39,16 @@ from service.errors import ServiceError, unavailable
 if TYPE_CHECKING:
     from service.metrics import Metrics
 
-__all__ = ["CpuDevice", "Device", "DeviceUnavailableError", "GpuDevice", "Resident", "gpu_problem", "select_device"]
+__all__ = [
+    "CpuDevice",
+    "Device",
+    "DeviceUnavailableError",
+    "GpuDevice",
+    "Launched",
+    "Resident",
+    "gpu_problem",
+    "select_device",
+]
 
 log = logging.getLogger("service.device")
 
@@ -48,6 +57,7 @@ log = logging.getLogger("service.device")
 DEFAULT_MEMORY_FRACTION = 0.8
 
 Compute = Callable[[Mapping[str, Any], Mapping[str, bool]], dict[str, Any]]
+T = TypeVar("T")
 
 
 class DeviceUnavailableError(RuntimeError):
@@ -130,6 +140,8 @@ class Device:
 
         Stored factorizations stay on the device (:attr:`resident_bytes`); the jobs before
         this one have ended when it runs, so only the stored bytes are taken from the limit.
+        (On a device that :attr:`overlaps`, one job may still be in flight; when the two do not
+        fit together, the worker lets that one finish and starts this one again.)
         ``resident``: the part of ``nbytes`` already there (a stored factorization the request
         uses), which must not count twice.
 
@@ -172,10 +184,36 @@ class Device:
 
     # ------------------------------------------------------------------ running a job
 
+    #: Whether :meth:`launch` returns before the answer is ready, so that the worker may start the
+    #: next job before it collects this one's (transfers overlapped with compute across requests).
+    #: The CPU computes a job whole: collecting its answer later would only delay it.
+    overlaps = False
+
     def run(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> dict[str, Any]:
         """Compute one job on the device; an allocation failure becomes 503 ``device_out_of_memory``."""
+        return self._guarded(compute, self._execute, compute, tensors, options)
+
+    def launch(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> Launched:
+        """Start one job; its answer comes from the returned object's :meth:`Launched.result` (the same
+        errors as :meth:`run`, from either call). Here the job runs whole before this returns."""
+        return Launched(self.run(compute, tensors, options))
+
+    def launch_stacked(
+        self,
+        compute: Compute,
+        parts: Mapping[str, Sequence[np.ndarray]],
+        options: Mapping[str, bool],
+        *,
+        new_axis: bool = False,
+    ) -> Launched:
+        """:meth:`run_stacked`, started as :meth:`launch` starts :meth:`run`."""
+        return Launched(self.run_stacked(compute, parts, options, new_axis=new_axis))
+
+    def _guarded(self, compute: Compute, step: Callable[..., T], *args: Any) -> T:
+        """``step(*args)``, a step of ``compute``'s job, with an allocation failure turned into
+        503 ``device_out_of_memory`` after the cached memory is released."""
         try:
-            return self._execute(compute, tensors, options)
+            return step(*args)
         except Exception as exc:
             if not self.is_out_of_memory(exc):
                 raise
@@ -245,6 +283,18 @@ class Device:
         }
 
 
+class Launched:
+    """A job started by :meth:`Device.launch`; :meth:`result` waits for its answer (once)."""
+
+    __slots__ = ("_answer",)
+
+    def __init__(self, answer: dict[str, Any]) -> None:
+        self._answer = answer
+
+    def result(self) -> dict[str, Any]:
+        return self._answer
+
+
 class CpuDevice(Device):
     pass
 
@@ -258,9 +308,16 @@ class GpuDevice(Device):
     ``download`` stream waits for the compute's event and copies the results out.
     The host waits only for the last event, the one the answer needs; no
     device-wide synchronisation. The events also give the per-stage device time.
+
+    :meth:`launch` queues the upload and the compute and returns; ``result()`` queues the
+    download and waits for it. The worker starts the next queued job between the two
+    (:attr:`overlaps`), so that job's upload runs while this one computes and its compute
+    while this one downloads: three copies of different requests on the copy engines and
+    the SMs at once, in stream order.
     """
 
     kind = "gpu"
+    overlaps = True
 
     def __init__(
         self,
@@ -312,9 +369,27 @@ class GpuDevice(Device):
     def _execute(
         self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]
     ) -> dict[str, Any]:
+        return self._finish(self._start(compute, tensors, options))
+
+    def launch(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> Launched:
+        return _GpuLaunched(self, self._guarded(compute, self._start, compute, tensors, options))
+
+    def launch_stacked(
+        self,
+        compute: Compute,
+        parts: Mapping[str, Sequence[np.ndarray]],
+        options: Mapping[str, bool],
+        *,
+        new_axis: bool = False,
+    ) -> Launched:
+        return self.launch(compute, {name: upload_parts(p, new_axis) for name, p in parts.items()}, options)
+
+    def _start(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> _Started:
+        """Upload and compute, queued on the streams; returns once ``compute`` has returned (which
+        may itself wait for the device: ``lu_core`` checks user pivots there)."""
         cp = self._cp
         assert self._streams is not None, "thread_init runs first, on the worker thread"
-        upload, work, download = self._streams
+        upload, work, _ = self._streams
         marks = [cp.cuda.Event() for _ in range(4)]
         staged: list[Any] = []
         try:
@@ -326,21 +401,37 @@ class GpuDevice(Device):
             with work:
                 out = compute(on_device, options)
             marks[2].record(work)
+        except BaseException:
+            if staged:
+                upload.synchronize()  # the copies from staging may still be running
+            self._staging.release(staged)
+            raise
+        return _Started(compute, on_device, out, marks, staged)
+
+    def _finish(self, started: _Started) -> dict[str, Any]:
+        """Download the outputs once the compute is done, wait for them, release the staging buffers."""
+        cp = self._cp
+        assert self._streams is not None
+        upload, _, download = self._streams
+        marks = started.marks
+        try:
             download.wait_event(marks[2])
             with download:
                 host = {
                     # Resident outputs (a stored factorization) stay on the device.
                     k: v if v is None or isinstance(v, Resident) else cp.asnumpy(v, stream=download)
-                    for k, v in out.items()
+                    for k, v in started.out.items()
                 }
             marks[3].record(download)
-            marks[3].synchronize()
+            marks[3].synchronize()  # after it, this job's uploads and compute are done too
+        except BaseException:
+            if started.staged:
+                upload.synchronize()
+            raise
         finally:
-            if staged:
-                upload.synchronize()  # after a failure the copies from staging may still be running
-            self._staging.release(staged)
+            self._staging.release(started.staged)
         self._observe(
-            compute,
+            started.compute,
             {
                 "upload": cp.cuda.get_elapsed_time(marks[0], marks[1]) / 1e3,
                 "compute": cp.cuda.get_elapsed_time(marks[1], marks[2]) / 1e3,
@@ -359,7 +450,7 @@ class GpuDevice(Device):
     ) -> dict[str, Any]:
         # Each input's parts are concatenated straight into its pinned staging buffer (or, when
         # small, into one host array) and uploaded in one copy; the outputs come back in one copy each.
-        return self.run(compute, {name: upload_parts(p, new_axis) for name, p in parts.items()}, options)
+        return self.launch_stacked(compute, parts, options, new_axis=new_axis).result()
 
     def _upload(self, a: Any, stream: Any, staged: list[Any]) -> Any:
         cp = self._cp
@@ -398,6 +489,34 @@ class GpuDevice(Device):
             "cupy": self._cp.__version__,
             "cuda_runtime": f"{runtime // 1000}.{runtime % 1000 // 10}",
         }
+
+
+class _Started:
+    """A GPU job between :meth:`GpuDevice._start` and :meth:`GpuDevice._finish`.
+
+    It holds the job's device arrays, inputs included: CuPy's pool hands a freed block to the next
+    allocation on the same stream at once, so an input freed here while the compute stream still
+    reads it could be overwritten by the next job's upload.
+    """
+
+    __slots__ = ("compute", "marks", "on_device", "out", "staged")
+
+    def __init__(self, compute: Compute, on_device: Any, out: dict[str, Any], marks: list[Any], staged: list[Any]):
+        self.compute, self.on_device, self.out, self.marks, self.staged = compute, on_device, out, marks, staged
+
+
+class _GpuLaunched(Launched):
+    __slots__ = ("_device", "_started")
+
+    def __init__(self, device: GpuDevice, started: _Started) -> None:
+        self._device = device
+        self._started: _Started | None = started
+
+    def result(self) -> dict[str, Any]:
+        started, self._started = self._started, None
+        if started is None:
+            raise RuntimeError("a launched job's result is collected once")
+        return self._device._guarded(started.compute, self._device._finish, started)
 
 
 def upload_parts(parts: Sequence[np.ndarray], new_axis: bool) -> list[np.ndarray]:

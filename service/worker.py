@@ -16,6 +16,15 @@ queue item at the loop's next pass (no timer: a lone request waits only for that
 pass), and the answers of one batch go back in one ``call_soon_threadsafe``.
 Requests the loop reads together thus reach the device together, which is what
 lets batching merge them without ``LU_BATCH_DELAY_US``.
+
+On a device whose jobs are started and collected separately (``Device.overlaps``: the
+GPU, where a job is an upload, a compute and a download on the device's streams), the
+worker starts the next queued job before it collects the last one's answer, so that
+one request's upload overlaps another's compute and download. It never waits for a
+next job to do so: with nothing queued, the answer is collected at once. A call or the
+stop waits for the job in flight; out of device memory with a job in flight, the worker
+lets that job finish and starts the new one again (the memory check before the upload
+counts one job at a time).
 """
 
 from __future__ import annotations
@@ -30,19 +39,20 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from service.batcher import MERGEABLE, gather, run_merged, signature
+from service.batcher import MERGEABLE, gather, launch_merged, signature
 from service.budget import Reservation
 from service.device import Compute, Device
-from service.errors import deadline_exceeded, unavailable
+from service.errors import ServiceError, deadline_exceeded, unavailable
 from service.metrics import Metrics
 
 __all__ = ["DeviceWorker"]
 
 log = logging.getLogger("service.worker")
+T = TypeVar("T")
 
 
 @dataclass
@@ -59,6 +69,15 @@ class _Job:
     reservation: Reservation | None = None
     deadline: float | None = None  # time.monotonic(); a job still queued after it is dropped
     signature: Any = None  # service.batcher.signature, when batching is on
+
+
+@dataclass
+class _InFlight:
+    """Jobs started on a device that overlaps (one call), whose answers ``collect()`` waits for."""
+
+    jobs: list[_Job]
+    collect: Callable[[], list[dict[str, Any]]]
+    started: float  # time.perf_counter() at launch
 
 
 _STOP = object()
@@ -126,6 +145,9 @@ class DeviceWorker:
         self._accepting = False
         self._started = threading.Event()
         self._children: dict[str, Any] = {}
+        # On a device that overlaps: the last job started, its answer not collected yet (the next job
+        # is started first, so that its upload runs during this one's compute and download).
+        self._in_flight: _InFlight | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -229,7 +251,11 @@ class DeviceWorker:
         metrics = self._metrics
         stop_by = math.inf
         while True:
+            if self._in_flight is not None and not self._work_waiting():
+                self._land()  # nothing to start meanwhile: the answer is collected now
             item = self._pending.popleft() if self._pending else self._next(None)
+            if _is_barrier(item):
+                self._land()  # a call or the stop: nothing runs past it while a job is in flight
             if item is _STOP:
                 if self._work_left():
                     # Jobs or calls that reached the queue after the stop (an event loop's hand-over at
@@ -265,9 +291,12 @@ class DeviceWorker:
             metrics.batch_wait.observe(time.perf_counter() - wall)
             metrics.queue_depth.set(self.depth)
             settled: list[tuple[_Job, bool, Any]] = []
+            launched: _InFlight | None = None
             try:
                 live = [job for job in batch if job.deadline is None or not self._expired(job, settled)]
-                if len(live) == 1:
+                if self.device.overlaps and live:
+                    launched = self._launch(live, settled)
+                elif len(live) == 1:
                     self._compute(live[0], settled)
                 elif live:
                     self._compute_merged(live, settled)
@@ -275,7 +304,82 @@ class DeviceWorker:
                 metrics.worker_busy.inc(time.perf_counter() - wall - self._idle_s)
                 metrics.worker_cpu.inc(time.thread_time() - cpu)
                 # Last: waking the event loop hands it the GIL, and the worker has nothing left to do.
-                _settle_all(settled, batch)
+                if launched is None:
+                    _settle_all(settled, batch)
+                else:  # the jobs launched are answered when they land; the rest now
+                    flying = {id(job) for job in launched.jobs}
+                    rest = [job for job in batch if id(job) not in flying]
+                    if rest:
+                        _settle_all(settled, rest)
+            if launched is not None:
+                previous, self._in_flight = self._in_flight, launched
+                if previous is not None:
+                    self._land(previous)  # its transfers and compute ran while this one was started
+
+    # ------------------------------------------------------------------ overlapped jobs (a GPU)
+
+    def _work_waiting(self) -> bool:
+        """Whether an item can be taken at once (without waiting for the queue)."""
+        return bool(self._pending or self._inbox) or not self._queue.empty()
+
+    def _launch(self, jobs: list[_Job], settled: list[tuple[_Job, bool, Any]]) -> _InFlight | None:
+        """Start ``jobs`` (one, or merged into one call) on a device that :attr:`~Device.overlaps`;
+        None when there is nothing to collect (failures are answered in ``settled``)."""
+        start = time.perf_counter()
+        self._metrics.queue_wait.observe_many([start - job.queued_at for job in jobs])
+        jobs = [job for job in jobs if not job.future.cancelled()]  # clients that left while queued
+        if not jobs:
+            return None
+        try:
+            if len(jobs) == 1:
+                job = jobs[0]
+                launched = self._with_room(self.device.launch, job.compute, job.tensors, job.options)
+                return _InFlight(jobs, lambda: [launched.result()], start)
+            return _InFlight(jobs, self._with_room(launch_merged, self.device.launch_stacked, jobs), start)
+        except Exception as exc:
+            if len(jobs) == 1:
+                settled.append((jobs[0], False, self._translate(exc)))
+            else:  # as _compute_merged: each alone, so that every failure is its own request's
+                for job in jobs:
+                    self._compute(job, settled, waited=True)
+            return None
+
+    def _with_room(self, start: Callable[..., T], *args: Any) -> T:
+        """``start(*args)``; when the device runs out of memory with a job in flight, again once that
+        job has landed (the pre-upload check counts one job at a time: two may not fit together)."""
+        try:
+            return start(*args)
+        except ServiceError as exc:
+            if exc.code != "device_out_of_memory" or self._in_flight is None:
+                raise
+        self._land()
+        return start(*args)
+
+    def _land(self, flight: _InFlight | None = None) -> None:
+        """Collect the answers of ``flight`` (default: the job in flight) and hand them back."""
+        if flight is None:
+            flight, self._in_flight = self._in_flight, None
+            if flight is None:
+                return
+        wall, cpu = time.perf_counter(), time.thread_time()
+        settled: list[tuple[_Job, bool, Any]] = []
+        try:
+            try:
+                answers = flight.collect()
+            except Exception as exc:
+                if len(flight.jobs) == 1:
+                    settled.append((flight.jobs[0], False, self._translate(exc)))
+                else:
+                    for job in flight.jobs:
+                        self._compute(job, settled, waited=True)
+            else:
+                self._metrics.batch_size.observe(len(flight.jobs))
+                self._compute_seconds(flight.jobs[0].name).observe(time.perf_counter() - flight.started)
+                settled.extend((job, True, answer) for job, answer in zip(flight.jobs, answers, strict=True))
+        finally:
+            self._metrics.worker_busy.inc(time.perf_counter() - wall)
+            self._metrics.worker_cpu.inc(time.thread_time() - cpu)
+            _settle_all(settled, flight.jobs)
 
     def _work_left(self) -> bool:
         """Anything but the stop still to run: in pending, the current group, or the queue."""
@@ -317,7 +421,7 @@ class DeviceWorker:
         start = time.perf_counter()
         self._metrics.queue_wait.observe_many([start - job.queued_at for job in jobs])
         try:
-            answers = run_merged(self.device.run_stacked, jobs)
+            answers = launch_merged(self.device.launch_stacked, jobs)()
         except Exception:
             # A singular system (check_errors) or memory: run each alone, so that every failure
             # is answered to its own request, with its own batch indices.
