@@ -672,7 +672,7 @@ def report(
             "loop (the service's binary decoding, `lu_core.solve`, the binary encoding of X) and nothing else:",
             "no admission, request ids, metrics, worker thread or buffer pool: what a request's own work, in",
             "Python on the event loop, leaves of the bare app's rate on this machine; `service / inline` is what",
-            "the service's own layers leave of that.",
+            "the service's own layers leave of that. (It computes on the CPU, whatever the service's device.)",
             "",
             table(bare_rows, BARE_COLUMNS),
             "",
@@ -729,13 +729,14 @@ def _receive_part(url: str, copier: CopyServer, quick: bool, progress: Callable[
 def _bare_part(url: str, quick: bool, progress: Callable[[str], None]) -> list[dict]:
     answer = len(httpx.post(f"{url}/solve", content=binary_body(_small_solve())[0],
                             headers=binary_body(_small_solve())[1]).content)  # fmt: skip
-    bare = start_server(module="bench._bare_asgi", LU_BARE_ANSWER_BYTES=str(answer))
-    inline = start_server(module="bench._bare_asgi", LU_BARE_COMPUTE="1")
+    started: list[tuple[subprocess.Popen, str]] = []
     try:
-        urls = {"service": url, BARE: bare[1], INLINE: inline[1]}
+        started.append(start_server(module="bench._bare_asgi", LU_BARE_ANSWER_BYTES=str(answer)))
+        started.append(start_server(module="bench._bare_asgi", LU_BARE_COMPUTE="1"))
+        urls = {"service": url, BARE: started[0][1], INLINE: started[1][1]}
         return small_vs_bare(urls, 16, 1.0 if quick else 3.0, 1 if quick else 3, progress)
     finally:
-        for proc, _ in (bare, inline):
+        for proc, _ in started:
             proc.terminate()
             proc.wait(60)
 

@@ -45,6 +45,8 @@ _PRIMARY = ("A", "LU")
 
 
 class Started(Protocol):
+    def compute(self) -> None: ...
+
     def result(self) -> dict[str, Any]: ...
 
 
@@ -190,9 +192,12 @@ def gather(
     return batch
 
 
-def launch_merged(launch_stacked: LaunchStacked, jobs: Sequence[BatchJob]) -> Callable[[], list[dict[str, Any]]]:
-    """Start ``jobs`` (compatible, at least one) as one call; returns the function that collects each
-    job's answer, shaped as if alone (the call's errors come from either).
+Split = Callable[[dict[str, Any]], list[dict[str, Any]]]
+
+
+def launch_merged(launch_stacked: LaunchStacked, jobs: Sequence[BatchJob]) -> tuple[Started, Split]:
+    """Start ``jobs`` (compatible, at least one) as one call: the started call (``compute()`` it, then
+    ``result()``) and the function that splits its outputs into each job's answer, shaped as if alone.
 
     ``launch_stacked`` (:meth:`service.device.Device.launch_stacked`) gets each input as the list of the
     jobs' parts, flattened to one batch axis, and concatenates them where the device reads them.
@@ -209,10 +214,9 @@ def launch_merged(launch_stacked: LaunchStacked, jobs: Sequence[BatchJob]) -> Ca
         name: [job.tensors[name].reshape((c, *t.shape[n:])) for job, c in zip(jobs, counts, strict=True)]
         for name, t in first.tensors.items()
     }
-    launched = launch_stacked(first.compute, parts, first.options)
 
-    def answers() -> list[dict[str, Any]]:
-        items = launched.result().items()
+    def answers(outputs: dict[str, Any]) -> list[dict[str, Any]]:
+        items = outputs.items()
         split: list[dict[str, Any]] = []
         start = 0
         for batch, count in zip(batches, counts, strict=True):
@@ -225,10 +229,10 @@ def launch_merged(launch_stacked: LaunchStacked, jobs: Sequence[BatchJob]) -> Ca
             start += count
         return split
 
-    return answers
+    return launch_stacked(first.compute, parts, first.options), answers
 
 
-def _launch_single(launch_stacked: LaunchStacked, jobs: Sequence[BatchJob]) -> Callable[[], list[dict[str, Any]]]:
+def _launch_single(launch_stacked: LaunchStacked, jobs: Sequence[BatchJob]) -> tuple[Started, Split]:
     """:func:`launch_merged` when every job is one matrix (the common case of many small requests).
 
     The same call and answers, cheaper per job (measured: half the cost): the jobs' matrices are
@@ -237,11 +241,9 @@ def _launch_single(launch_stacked: LaunchStacked, jobs: Sequence[BatchJob]) -> C
     """
     first = jobs[0]
     parts = {name: [job.tensors[name] for job in jobs] for name in first.tensors}
-    launched = launch_stacked(first.compute, parts, first.options, new_axis=True)
     count = len(jobs)
 
-    def answers() -> list[dict[str, Any]]:
-        outputs = launched.result()
+    def answers(outputs: dict[str, Any]) -> list[dict[str, Any]]:
         columns = [
             # Iterating yields v[i] for each i (views); a 1-D output's v[i] would be a NumPy scalar, v[i, ...] is 0-d.
             [None] * count if v is None else list(v) if v.ndim > 1 else [v[i, ...] for i in range(count)]
@@ -252,4 +254,4 @@ def _launch_single(launch_stacked: LaunchStacked, jobs: Sequence[BatchJob]) -> C
             return [{key: x} for x in column]
         return [dict(zip(outputs, row, strict=True)) for row in zip(*columns, strict=True)]
 
-    return answers
+    return launch_stacked(first.compute, parts, first.options, new_axis=True), answers

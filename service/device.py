@@ -2,11 +2,13 @@
 
 ``LU_DEVICE=auto`` takes the GPU when CuPy is installed and sees one, and
 otherwise the CPU, saying why in the log and in ``/readyz``. ``LU_DEVICE=gpu``
-refuses to start without a GPU. The worker thread calls :meth:`Device.run`:
-on the GPU that copies NumPy inputs in once on the worker's own CUDA stream,
-computes with CuPy arrays (``lu_core`` dispatches on them) and copies the
-results out once. Outputs wrapped in :class:`Resident` stay where they were
-computed (the factorization store keeps them on the device).
+refuses to start without a GPU. The worker thread calls :meth:`Device.run` (the
+CPU), or :meth:`Device.launch` and the job's ``compute()`` and ``result()`` (the
+GPU, :attr:`Device.overlaps`, so that another job's upload can run in between): on
+the GPU that copies NumPy inputs in once on the worker's own CUDA stream, computes
+with CuPy arrays (``lu_core`` dispatches on them) and copies the results out once.
+Outputs wrapped in :class:`Resident` stay where they were computed (the
+factorization store keeps them on the device).
 
 Device memory is bounded here, not in the routes. ``LU_GPU_MEMORY_BYTES`` (default
 80% of the device's memory at start) is the limit of CuPy's device pool, and
@@ -15,7 +17,8 @@ is queued, :meth:`Device.check_fits` refuses a request whose need, known from it
 shapes, can never fit, or does not fit beside the stored factorizations the device
 holds (503 ``device_out_of_memory`` with ``Retry-After``, nothing uploaded). An
 allocation failure during a job (CuPy's ``OutOfMemoryError``, a cuSOLVER/cuBLAS
-workspace) is caught in :meth:`Device.run`: the pools' free blocks are released and
+workspace) is caught in :meth:`Device.run` (for a launched job, by the worker, which
+first retries once beside no job in flight): the pools' free blocks are released and
 the request gets the same 503; the next request starts from a clean pool. The base
 class holds this logic, so the CPU stand-ins of the tests exercise the same code as
 the GPU.
@@ -184,9 +187,10 @@ class Device:
 
     # ------------------------------------------------------------------ running a job
 
-    #: Whether :meth:`launch` returns before the answer is ready, so that the worker may start the
-    #: next job before it collects this one's (transfers overlapped with compute across requests).
-    #: The CPU computes a job whole: collecting its answer later would only delay it.
+    #: Whether a job is started in steps (:meth:`launch`: inputs queued for upload; ``compute()``;
+    #: ``result()``: the outputs downloaded), so that the worker may upload the next job's inputs
+    #: before it collects this one's answer (transfers overlapped across requests). The CPU computes
+    #: a job whole: collecting its answer later would only delay it.
     overlaps = False
 
     def run(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> dict[str, Any]:
@@ -194,8 +198,9 @@ class Device:
         return self._guarded(compute, self._execute, compute, tensors, options)
 
     def launch(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> Launched:
-        """Start one job; its answer comes from the returned object's :meth:`Launched.result` (the same
-        errors as :meth:`run`, from either call). Here the job runs whole before this returns."""
+        """Start one job in steps (see :attr:`overlaps`): call ``compute()`` then ``result()`` on what this
+        returns. Unlike :meth:`run`, no step turns an allocation failure into a 503: the caller (the
+        worker) does, once, after it may have retried. Here the job runs whole before this returns."""
         return Launched(self.run(compute, tensors, options))
 
     def launch_stacked(
@@ -284,14 +289,19 @@ class Device:
 
 
 class Launched:
-    """A job started by :meth:`Device.launch`; :meth:`result` waits for its answer (once)."""
+    """A job started by :meth:`Device.launch`: :meth:`compute`, then :meth:`result` for its answer.
+    This one was computed whole by :meth:`Device.run` already."""
 
     __slots__ = ("_answer",)
 
     def __init__(self, answer: dict[str, Any]) -> None:
         self._answer = answer
 
+    def compute(self) -> None:
+        """Queue the computation (on a GPU; it may wait for the device, e.g. to check for singular systems)."""
+
     def result(self) -> dict[str, Any]:
+        """Wait for the answer (the outputs downloaded)."""
         return self._answer
 
 
@@ -309,11 +319,13 @@ class GpuDevice(Device):
     The host waits only for the last event, the one the answer needs; no
     device-wide synchronisation. The events also give the per-stage device time.
 
-    :meth:`launch` queues the upload and the compute and returns; ``result()`` queues the
-    download and waits for it. The worker starts the next queued job between the two
-    (:attr:`overlaps`), so that job's upload runs while this one computes and its compute
-    while this one downloads: three copies of different requests on the copy engines and
-    the SMs at once, in stream order.
+    A job runs in three steps (:class:`_GpuJob`): :meth:`launch` queues the upload,
+    ``compute()`` the computation, ``result()`` the download, waited for. With a job in
+    flight (computed, not collected), the worker queues the next job's upload first, then
+    collects the first job's answer, then computes the next: one request's inputs go up
+    (host to device) while another's answer comes down (device to host), on the two copy
+    engines at once. ``compute()`` may wait for the device (``solve``'s singular-system
+    check reads ``info``), which is why the next upload is queued before, not after, it.
     """
 
     kind = "gpu"
@@ -369,10 +381,12 @@ class GpuDevice(Device):
     def _execute(
         self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]
     ) -> dict[str, Any]:
-        return self._finish(self._start(compute, tensors, options))
+        job = self.launch(compute, tensors, options)
+        job.compute()
+        return job.result()
 
     def launch(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> Launched:
-        return _GpuLaunched(self, self._guarded(compute, self._start, compute, tensors, options))
+        return _GpuJob(self, compute, tensors, options)
 
     def launch_stacked(
         self,
@@ -383,62 +397,6 @@ class GpuDevice(Device):
         new_axis: bool = False,
     ) -> Launched:
         return self.launch(compute, {name: upload_parts(p, new_axis) for name, p in parts.items()}, options)
-
-    def _start(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> _Started:
-        """Upload and compute, queued on the streams; returns once ``compute`` has returned (which
-        may itself wait for the device: ``lu_core`` checks user pivots there)."""
-        cp = self._cp
-        assert self._streams is not None, "thread_init runs first, on the worker thread"
-        upload, work, _ = self._streams
-        marks = [cp.cuda.Event() for _ in range(4)]
-        staged: list[Any] = []
-        try:
-            marks[0].record(upload)
-            with upload:
-                on_device = {k: self._upload(v, upload, staged) for k, v in tensors.items()}
-            marks[1].record(upload)
-            work.wait_event(marks[1])
-            with work:
-                out = compute(on_device, options)
-            marks[2].record(work)
-        except BaseException:
-            if staged:
-                upload.synchronize()  # the copies from staging may still be running
-            self._staging.release(staged)
-            raise
-        return _Started(compute, on_device, out, marks, staged)
-
-    def _finish(self, started: _Started) -> dict[str, Any]:
-        """Download the outputs once the compute is done, wait for them, release the staging buffers."""
-        cp = self._cp
-        assert self._streams is not None
-        upload, _, download = self._streams
-        marks = started.marks
-        try:
-            download.wait_event(marks[2])
-            with download:
-                host = {
-                    # Resident outputs (a stored factorization) stay on the device.
-                    k: v if v is None or isinstance(v, Resident) else cp.asnumpy(v, stream=download)
-                    for k, v in started.out.items()
-                }
-            marks[3].record(download)
-            marks[3].synchronize()  # after it, this job's uploads and compute are done too
-        except BaseException:
-            if started.staged:
-                upload.synchronize()
-            raise
-        finally:
-            self._staging.release(started.staged)
-        self._observe(
-            started.compute,
-            {
-                "upload": cp.cuda.get_elapsed_time(marks[0], marks[1]) / 1e3,
-                "compute": cp.cuda.get_elapsed_time(marks[1], marks[2]) / 1e3,
-                "download": cp.cuda.get_elapsed_time(marks[2], marks[3]) / 1e3,
-            },
-        )
-        return host
 
     def run_stacked(
         self,
@@ -491,32 +449,91 @@ class GpuDevice(Device):
         }
 
 
-class _Started:
-    """A GPU job between :meth:`GpuDevice._start` and :meth:`GpuDevice._finish`.
+class _GpuJob(Launched):
+    """One job on the worker's three streams, in three steps the worker may interleave with other jobs'.
 
-    It holds the job's device arrays, inputs included: CuPy's pool hands a freed block to the next
-    allocation on the same stream at once, so an input freed here while the compute stream still
-    reads it could be overwritten by the next job's upload.
+    Created: the inputs are staged (pinned buffers) and their upload queued on ``upload``.
+    :meth:`compute`: ``compute`` queued on ``work`` after the upload's event (``lu_core`` may wait
+    for it there: the singular-system check of ``solve``/``lu_solve`` reads ``info``). :meth:`result`:
+    the outputs copied out on ``download`` after the compute's event, waited for; the staging
+    buffers go back. Until then the job holds its device arrays, inputs included: CuPy's pool hands
+    a freed block to the next allocation on the same stream at once, so an input freed while the
+    compute stream still reads it could be overwritten by the next job's upload. Events recorded
+    after each wait time each stage on the device alone (not its wait behind another job's).
     """
 
-    __slots__ = ("compute", "marks", "on_device", "out", "staged")
+    __slots__ = ("_compute", "_device", "_marks", "_on_device", "_options", "_out", "_staged")
 
-    def __init__(self, compute: Compute, on_device: Any, out: dict[str, Any], marks: list[Any], staged: list[Any]):
-        self.compute, self.on_device, self.out, self.marks, self.staged = compute, on_device, out, marks, staged
+    def __init__(
+        self, device: GpuDevice, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]
+    ) -> None:
+        cp = device._cp
+        assert device._streams is not None, "thread_init runs first, on the worker thread"
+        upload = device._streams[0]
+        self._device, self._compute, self._options = device, compute, options
+        self._marks = [cp.cuda.Event() for _ in range(6)]  # upload, compute and download: start, end
+        self._staged: list[Any] = []
+        self._out: dict[str, Any] | None = None
+        try:
+            self._marks[0].record(upload)
+            with upload:
+                self._on_device = {k: device._upload(v, upload, self._staged) for k, v in tensors.items()}
+            self._marks[1].record(upload)
+        except BaseException:
+            self._abandon()
+            raise
 
-
-class _GpuLaunched(Launched):
-    __slots__ = ("_device", "_started")
-
-    def __init__(self, device: GpuDevice, started: _Started) -> None:
-        self._device = device
-        self._started: _Started | None = started
+    def compute(self) -> None:
+        _, work, _ = self._device._streams  # type: ignore[misc]
+        try:
+            work.wait_event(self._marks[1])
+            self._marks[2].record(work)
+            with work:
+                self._out = self._compute(self._on_device, self._options)
+            self._marks[3].record(work)
+        except BaseException:
+            self._abandon()
+            raise
 
     def result(self) -> dict[str, Any]:
-        started, self._started = self._started, None
-        if started is None:
-            raise RuntimeError("a launched job's result is collected once")
-        return self._device._guarded(started.compute, self._device._finish, started)
+        device, cp = self._device, self._device._cp
+        _, _, download = device._streams  # type: ignore[misc]
+        if self._out is None:
+            raise RuntimeError("a GPU job's result is collected once, after compute()")
+        marks = self._marks
+        try:
+            download.wait_event(marks[3])
+            marks[4].record(download)
+            with download:
+                host = {
+                    # Resident outputs (a stored factorization) stay on the device.
+                    k: v if v is None or isinstance(v, Resident) else cp.asnumpy(v, stream=download)
+                    for k, v in self._out.items()
+                }
+            marks[5].record(download)
+            marks[5].synchronize()  # after it, this job's uploads and compute are done too
+        except BaseException:
+            self._abandon()
+            raise
+        device._staging.release(self._staged)
+        self._out = None
+        device._observe(
+            self._compute,
+            {
+                "upload": cp.cuda.get_elapsed_time(marks[0], marks[1]) / 1e3,
+                "compute": cp.cuda.get_elapsed_time(marks[2], marks[3]) / 1e3,
+                "download": cp.cuda.get_elapsed_time(marks[4], marks[5]) / 1e3,
+            },
+        )
+        return host
+
+    def _abandon(self) -> None:
+        """After a failure: wait for whatever the job queued (its kernels may still read its inputs, its
+        copies its staging buffers), then give the staging buffers back."""
+        for stream in self._device._streams or ():
+            stream.synchronize()
+        self._device._staging.release(self._staged)
+        self._out = None
 
 
 def upload_parts(parts: Sequence[np.ndarray], new_axis: bool) -> list[np.ndarray]:

@@ -73,11 +73,12 @@ class _Job:
 
 @dataclass
 class _InFlight:
-    """Jobs started on a device that overlaps (one call), whose answers ``collect()`` waits for."""
+    """Jobs computed as one call on a device that overlaps, their answers not collected yet."""
 
     jobs: list[_Job]
-    collect: Callable[[], list[dict[str, Any]]]
-    started: float  # time.perf_counter() at launch
+    launched: Any  # service.device.Launched: compute() and result()
+    split: Callable[[dict[str, Any]], list[dict[str, Any]]]  # the call's outputs -> each job's answer
+    busy_s: float = 0.0  # the worker's time on this call so far (lu_compute_seconds)
 
 
 _STOP = object()
@@ -148,6 +149,7 @@ class DeviceWorker:
         # On a device that overlaps: the last job started, its answer not collected yet (the next job
         # is started first, so that its upload runs during this one's compute and download).
         self._in_flight: _InFlight | None = None
+        self._landing_s = [0.0, 0.0]  # of the current batch: wall and CPU time spent landing the job in flight
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -155,6 +157,7 @@ class DeviceWorker:
         """Start the thread (again, after a stop: an app's lifespan may run more than once)."""
         if self._thread is not None and self._thread.is_alive():
             return
+        self._in_flight = None  # (a thread that died with a job in flight: its futures are the loop's)
         self._started.clear()
         self._thread = threading.Thread(target=self._loop, name=f"lu-{self.device.kind}-worker", daemon=True)
         with _stack_size(WORKER_STACK_BYTES):
@@ -274,6 +277,7 @@ class DeviceWorker:
             # included, a batch delay's wait not) and the thread's own CPU time (lu_worker_*_seconds).
             wall, cpu = time.perf_counter(), time.thread_time()
             self._idle_s = 0.0
+            self._landing_s = [0.0, 0.0]
             if callable(item):
                 item()
                 continue
@@ -291,30 +295,30 @@ class DeviceWorker:
             metrics.batch_wait.observe(time.perf_counter() - wall)
             metrics.queue_depth.set(self.depth)
             settled: list[tuple[_Job, bool, Any]] = []
-            launched: _InFlight | None = None
+            flying: _InFlight | None = None
             try:
                 live = [job for job in batch if job.deadline is None or not self._expired(job, settled)]
                 if self.device.overlaps and live:
-                    launched = self._launch(live, settled)
+                    flying = self._start(live, settled)
                 elif len(live) == 1:
                     self._compute(live[0], settled)
                 elif live:
                     self._compute_merged(live, settled)
             finally:
-                metrics.worker_busy.inc(time.perf_counter() - wall - self._idle_s)
-                metrics.worker_cpu.inc(time.thread_time() - cpu)
+                # Less the time spent landing the job that was in flight (_land counts its own).
+                landed_wall, landed_cpu = self._landing_s
+                metrics.worker_busy.inc(time.perf_counter() - wall - self._idle_s - landed_wall)
+                metrics.worker_cpu.inc(time.thread_time() - cpu - landed_cpu)
                 # Last: waking the event loop hands it the GIL, and the worker has nothing left to do.
-                if launched is None:
-                    _settle_all(settled, batch)
-                else:  # the jobs launched are answered when they land; the rest now
-                    flying = {id(job) for job in launched.jobs}
-                    rest = [job for job in batch if id(job) not in flying]
-                    if rest:
-                        _settle_all(settled, rest)
-            if launched is not None:
-                previous, self._in_flight = self._in_flight, launched
-                if previous is not None:
-                    self._land(previous)  # its transfers and compute ran while this one was started
+                if flying is None:
+                    rest = batch
+                else:  # the jobs in flight are answered when they land
+                    ids = {id(job) for job in flying.jobs}
+                    rest = [job for job in batch if id(job) not in ids]
+                if rest:
+                    _settle_all(settled, rest)
+            if flying is not None:  # (None: the job in flight, if any, landed in _start, or stays)
+                self._in_flight = flying
 
     # ------------------------------------------------------------------ overlapped jobs (a GPU)
 
@@ -322,63 +326,83 @@ class DeviceWorker:
         """Whether an item can be taken at once (without waiting for the queue)."""
         return bool(self._pending or self._inbox) or not self._queue.empty()
 
-    def _launch(self, jobs: list[_Job], settled: list[tuple[_Job, bool, Any]]) -> _InFlight | None:
-        """Start ``jobs`` (one, or merged into one call) on a device that :attr:`~Device.overlaps`;
-        None when there is nothing to collect (failures are answered in ``settled``)."""
+    def _start(self, jobs: list[_Job], settled: list[tuple[_Job, bool, Any]]) -> _InFlight | None:
+        """Start ``jobs`` (one, or merged into one call) on a device that :attr:`~Device.overlaps`: upload
+        their inputs, land the job in flight meanwhile, then compute. The new job is returned to be
+        landed later, or None when nothing is left to collect (failures are answered in ``settled``)."""
         start = time.perf_counter()
-        self._metrics.queue_wait.observe_many([start - job.queued_at for job in jobs])
         jobs = [job for job in jobs if not job.future.cancelled()]  # clients that left while queued
         if not jobs:
             return None
+        self._metrics.queue_wait.observe_many([start - job.queued_at for job in jobs])
         try:
-            if len(jobs) == 1:
-                job = jobs[0]
-                launched = self._with_room(self.device.launch, job.compute, job.tensors, job.options)
-                return _InFlight(jobs, lambda: [launched.result()], start)
-            return _InFlight(jobs, self._with_room(launch_merged, self.device.launch_stacked, jobs), start)
+            flight = self._with_room(lambda: self._upload(jobs))
         except Exception as exc:
-            if len(jobs) == 1:
-                settled.append((jobs[0], False, self._translate(exc)))
-            else:  # as _compute_merged: each alone, so that every failure is its own request's
-                for job in jobs:
-                    self._compute(job, settled, waited=True)
+            self._land()
+            self._fail(jobs, exc, settled)
             return None
-
-    def _with_room(self, start: Callable[..., T], *args: Any) -> T:
-        """``start(*args)``; when the device runs out of memory with a job in flight, again once that
-        job has landed (the pre-upload check counts one job at a time: two may not fit together)."""
+        self._land()  # the upload above runs on the device while the last job's answer comes back
         try:
-            return start(*args)
-        except ServiceError as exc:
-            if exc.code != "device_out_of_memory" or self._in_flight is None:
+            self._with_room(flight.launched.compute)
+        except Exception as exc:
+            self._fail(jobs, exc, settled)
+            return None
+        flight.busy_s = time.perf_counter() - start - self._landing_s[0]
+        return flight
+
+    def _upload(self, jobs: list[_Job]) -> _InFlight:
+        if len(jobs) == 1:
+            job = jobs[0]
+            return _InFlight(jobs, self.device.launch(job.compute, job.tensors, job.options), lambda out: [out])
+        launched, split = launch_merged(self.device.launch_stacked, jobs)
+        return _InFlight(jobs, launched, split)
+
+    def _with_room(self, step: Callable[[], T]) -> T:
+        """``step()``; when the device runs out of memory with a job in flight, again once that job has
+        landed (the check before the upload counts one job at a time: two may not fit together)."""
+        try:
+            return step()
+        except Exception as exc:
+            if self._in_flight is None or not self.device.is_out_of_memory(exc):
                 raise
         self._land()
-        return start(*args)
+        return step()
 
-    def _land(self, flight: _InFlight | None = None) -> None:
-        """Collect the answers of ``flight`` (default: the job in flight) and hand them back."""
+    def _fail(self, jobs: list[_Job], exc: Exception, settled: list[tuple[_Job, bool, Any]]) -> None:
+        """A call failed: a lone job gets the error; merged jobs run each alone (a singular system with
+        check_errors, memory), so that every failure is answered to its own request, with its own batch
+        indices."""
+        if len(jobs) == 1:
+            self._metrics.batch_size.observe(1)
+            settled.append((jobs[0], False, self._translate(exc)))
+            return
+        for job in jobs:
+            self._compute(job, settled, waited=True)
+
+    def _land(self) -> None:
+        """Collect the answers of the job in flight, if any, and hand them back."""
+        flight, self._in_flight = self._in_flight, None
         if flight is None:
-            flight, self._in_flight = self._in_flight, None
-            if flight is None:
-                return
+            return
         wall, cpu = time.perf_counter(), time.thread_time()
         settled: list[tuple[_Job, bool, Any]] = []
         try:
             try:
-                answers = flight.collect()
+                answers = flight.split(flight.launched.result())
+                settled.extend((job, True, answer) for job, answer in zip(flight.jobs, answers, strict=True))
             except Exception as exc:
-                if len(flight.jobs) == 1:
-                    settled.append((flight.jobs[0], False, self._translate(exc)))
-                else:
-                    for job in flight.jobs:
-                        self._compute(job, settled, waited=True)
+                settled.clear()
+                self._fail(flight.jobs, exc, settled)
             else:
                 self._metrics.batch_size.observe(len(flight.jobs))
-                self._compute_seconds(flight.jobs[0].name).observe(time.perf_counter() - flight.started)
-                settled.extend((job, True, answer) for job, answer in zip(flight.jobs, answers, strict=True))
+                busy = flight.busy_s + time.perf_counter() - wall
+                self._compute_seconds(flight.jobs[0].name).observe(busy)
         finally:
-            self._metrics.worker_busy.inc(time.perf_counter() - wall)
-            self._metrics.worker_cpu.inc(time.thread_time() - cpu)
+            spent_wall, spent_cpu = time.perf_counter() - wall, time.thread_time() - cpu
+            self._landing_s[0] += spent_wall
+            self._landing_s[1] += spent_cpu
+            self._metrics.worker_busy.inc(spent_wall)
+            self._metrics.worker_cpu.inc(spent_cpu)
             _settle_all(settled, flight.jobs)
 
     def _work_left(self) -> bool:
@@ -408,6 +432,7 @@ class DeviceWorker:
         if timeout is None:
             item = self._queue.get_nowait()
         else:
+            self._land()  # an answer is not held while the worker waits for more jobs (LU_BATCH_DELAY_US)
             start = time.perf_counter()
             try:
                 item = self._queue.get(True, timeout)
@@ -421,12 +446,11 @@ class DeviceWorker:
         start = time.perf_counter()
         self._metrics.queue_wait.observe_many([start - job.queued_at for job in jobs])
         try:
-            answers = launch_merged(self.device.launch_stacked, jobs)()
-        except Exception:
-            # A singular system (check_errors) or memory: run each alone, so that every failure
-            # is answered to its own request, with its own batch indices.
-            for job in jobs:
-                self._compute(job, settled, waited=True)
+            launched, split = launch_merged(self.device.launch_stacked, jobs)
+            launched.compute()
+            answers = split(launched.result())
+        except Exception as exc:  # a singular system (check_errors) or memory: each alone
+            self._fail(jobs, exc, settled)
             return
         self._metrics.batch_size.observe(len(jobs))
         self._compute_seconds(jobs[0].name).observe(time.perf_counter() - start)
@@ -464,6 +488,8 @@ class DeviceWorker:
         settled.append((job, ok, result))
 
     def _translate(self, exc: Exception) -> Exception:
+        if isinstance(exc, ServiceError):  # answered as it is (Device.run's 503 names memory too)
+            return exc
         if self.device.is_out_of_memory(exc):
             log.warning("out of %s memory: %s", self.device.kind, exc)
             self._metrics.rejected.labels("out_of_memory").inc()

@@ -215,7 +215,7 @@ async def test_every_made_up_request_id_comes_from_one_helper(client, monkeypatc
     import service.context
     from service.protocol import _error_bytes
 
-    monkeypatch.setattr(service.context, "getrandbits", lambda k: int.from_bytes(bytes(range(k // 8))))
+    monkeypatch.setattr(service.context, "getrandbits", lambda k: int.from_bytes(bytes(range(k // 8)), "big"))
     made = bytes(range(16)).hex()
     r = await client.post("/lu_factor", content=b"{")
     assert r.headers["x-request-id"] == r.json()["request_id"] == made

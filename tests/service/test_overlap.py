@@ -1,8 +1,9 @@
-"""The worker on a device that overlaps (a GPU): the next job is started before the last one's answer is
-collected, a lone job is collected at once, failures stay per request, memory and barriers are respected.
+"""The worker on a device that overlaps (a GPU): the next job's inputs go up before the last one's answer
+is collected, a lone job is collected at once, failures stay per request, memory and barriers are respected.
 
-The device here is the CPU with a recording ``launch``: what it checks is the worker's order of calls,
-which is the same on a GPU (``GpuDevice.launch`` uploads and computes, ``result()`` downloads and waits).
+The device here is the CPU with a recording ``launch``: a job is started in the GPU's three steps
+(``launch``: the upload queued; ``compute()``; ``result()``: the download, waited for), and each step is
+recorded, so the tests check the worker's order of calls, which is the same on a GPU.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import numpy as np
 import pytest
 
 from service.device import CpuDevice, Launched
-from service.errors import unavailable
 from service.metrics import Metrics
 from service.operations import OPERATIONS
 from service.worker import DeviceWorker
@@ -32,10 +32,16 @@ def _tags(tensors) -> list[float]:
     return sorted({float(x) for x in np.asarray(tensors.get("B", [])).ravel()})
 
 
-class _Later(Launched):
-    def __init__(self, device: OverlappingDevice, tags: list[float], answer: dict) -> None:
-        super().__init__(answer)
-        self.device, self.tags = device, tags
+class _Stepped(Launched):
+    """A job in three recorded steps; computed (on the CPU) in compute(), as a GPU would."""
+
+    def __init__(self, device: OverlappingDevice, tags: list[float], answer_of) -> None:
+        super().__init__({})
+        self.device, self.tags, self.answer_of = device, tags, answer_of
+
+    def compute(self) -> None:
+        self.device.events.append(("compute", self.tags))
+        self._answer = self.answer_of()  # raises what lu_core raises (a singular system)
 
     def result(self) -> dict:
         self.device.events.append(("result", self.tags))
@@ -45,7 +51,7 @@ class _Later(Launched):
 
 
 class OverlappingDevice(CpuDevice):
-    """Computes at launch, records when each job is launched and when its answer is collected."""
+    """Records when each job's inputs are uploaded (launch), when it is computed and when collected."""
 
     overlaps = True
 
@@ -58,15 +64,15 @@ class OverlappingDevice(CpuDevice):
         self.fail_result: list[float] | None = None  # the tags of the call whose collect fails
         self.out_of_memory_once = False
 
-    def _launched(self, tags: list[float], answer_of) -> _Later:
+    def _launched(self, tags: list[float], answer_of) -> _Stepped:
         self.launching.set()
         self.gate.wait(10)
-        if self.out_of_memory_once and any(e[0] == "launch" for e in self.events[-1:]):
-            self.out_of_memory_once = False
+        if self.out_of_memory_once and self.events and self.events[-1][0] == "compute":
+            self.out_of_memory_once = False  # a job is in flight (computed, not collected)
             self.events.append(("out of memory", tags))
-            raise unavailable("device_out_of_memory", "no room beside the job in flight", 1)
-        self.events.append(("launch", tags))
-        return _Later(self, tags, answer_of())
+            raise MemoryError("no room beside the job in flight")  # what CuPy's pool raises
+        self.events.append(("upload", tags))
+        return _Stepped(self, tags, answer_of)
 
     def launch(self, compute, tensors, options):
         return self._launched(_tags(tensors), lambda: self.run(compute, tensors, options))
@@ -104,7 +110,7 @@ async def _hold_first(device: OverlappingDevice, worker: DeviceWorker, tags: lis
     return [first, *rest]
 
 
-def test_the_next_job_starts_before_the_last_ones_answer_is_collected():
+def test_the_next_jobs_upload_is_queued_before_the_last_ones_answer_is_collected():
     device = OverlappingDevice()
 
     async def body(worker: DeviceWorker) -> None:
@@ -114,12 +120,17 @@ def test_the_next_job_starts_before_the_last_ones_answer_is_collected():
             np.testing.assert_array_equal(answer["X"], np.full(2, tag / 2))
 
     _scenario(device, body)
+    # Each job: upload queued, the job in flight collected meanwhile, then computed; the last one is
+    # collected as soon as nothing else is queued.
     assert device.events == [
-        ("launch", [1.0]),
-        ("launch", [2.0]),
+        ("upload", [1.0]),
+        ("compute", [1.0]),
+        ("upload", [2.0]),
         ("result", [1.0]),
-        ("launch", [3.0]),
+        ("compute", [2.0]),
+        ("upload", [3.0]),
         ("result", [2.0]),
+        ("compute", [3.0]),
         ("result", [3.0]),
     ]
 
@@ -133,7 +144,14 @@ def test_a_lone_job_is_collected_at_once():
             np.testing.assert_array_equal(answer["X"], np.full(2, tag / 2))
 
     _scenario(device, body)
-    assert device.events == [("launch", [1.0]), ("result", [1.0]), ("launch", [2.0]), ("result", [2.0])]
+    assert device.events == [
+        ("upload", [1.0]),
+        ("compute", [1.0]),
+        ("result", [1.0]),
+        ("upload", [2.0]),
+        ("compute", [2.0]),
+        ("result", [2.0]),
+    ]
 
 
 def test_merged_calls_overlap_too_and_a_failed_collect_answers_each_job_alone():
@@ -147,9 +165,16 @@ def test_merged_calls_overlap_too_and_a_failed_collect_answers_each_job_alone():
             np.testing.assert_array_equal(answer["X"], np.full(2, tag / 2))
 
     _scenario(device, body, max_batch=8)
-    # 1 alone (taken before the others were queued), then 2 and 3 merged, started before 1's answer
+    # 1 alone (taken before the others were queued), then 2 and 3 merged, uploaded before 1's answer
     # is collected; their collect fails, so each is computed again alone (device.run) and answered.
-    assert device.events == [("launch", [1.0]), ("launch", [2.0, 3.0]), ("result", [1.0]), ("result", [2.0, 3.0])]
+    assert device.events == [
+        ("upload", [1.0]),
+        ("compute", [1.0]),
+        ("upload", [2.0, 3.0]),
+        ("result", [1.0]),
+        ("compute", [2.0, 3.0]),
+        ("result", [2.0, 3.0]),
+    ]
 
 
 def test_a_failed_collect_of_one_job_is_that_requests_error():
@@ -191,10 +216,12 @@ def test_out_of_memory_beside_a_job_in_flight_waits_for_it_and_retries():
 
     _scenario(device, body)
     assert device.events == [
-        ("launch", [1.0]),
+        ("upload", [1.0]),
+        ("compute", [1.0]),
         ("out of memory", [2.0]),
         ("result", [1.0]),
-        ("launch", [2.0]),
+        ("upload", [2.0]),
+        ("compute", [2.0]),
         ("result", [2.0]),
     ]
 
@@ -203,17 +230,90 @@ def test_a_call_waits_for_the_job_in_flight():
     device = OverlappingDevice()
 
     async def body(worker: DeviceWorker) -> None:
-        futures = await _hold_first(device, worker, [1.0, 2.0])
+        device.gate.clear()
+        first = _submit(worker, 1.0)
+        await asyncio.to_thread(device.launching.wait, 10)
+        # Queued while the first job's upload is held: the call reaches the worker with that job in flight.
         called = asyncio.ensure_future(asyncio.to_thread(worker.call, lambda: device.events.append(("call", []))))
-        await asyncio.wait_for(asyncio.gather(*futures, called), 10)
+        while worker._queue.empty():
+            await asyncio.sleep(0.005)
+        device.gate.set()
+        await asyncio.wait_for(asyncio.gather(first, called), 10)
 
     _scenario(device, body)
-    assert device.events[-1] == ("call", [])
-    assert device.events.count(("result", [1.0])) == device.events.count(("result", [2.0])) == 1
+    assert device.events == [("upload", [1.0]), ("compute", [1.0]), ("result", [1.0]), ("call", [])]
+
+
+@pytest.mark.parametrize("max_batch", [1, 8])  # 1: batches of expired or cancelled jobs alone, behind one in flight
+def test_expired_and_cancelled_jobs_beside_a_job_in_flight_are_answered_and_let_go_once(max_batch):
+    """A merged batch holding a live job, a job whose deadline passed and one whose client left, behind a
+    job in flight: each answered once (200, 408, nothing), every request's memory hold let go once."""
+    import time
+
+    from service.budget import MemoryBudget
+
+    device = OverlappingDevice()
+    budget = MemoryBudget(1 << 20)
+
+    async def body(worker: DeviceWorker) -> None:
+        device.gate.clear()
+        reservations = [budget.reserve(1000) for _ in range(4)]
+        opts = dict(SOLVE.options)
+
+        def submit(tag: float, reservation, deadline=None) -> asyncio.Future:
+            call = worker.submit(
+                "solve", SOLVE.compute, _tensors(tag), opts, reservation=reservation, deadline=deadline
+            )
+            return asyncio.ensure_future(call)
+
+        first = submit(1.0, reservations[0])
+        await asyncio.to_thread(device.launching.wait, 10)
+        live = submit(2.0, reservations[1])
+        expired = submit(3.0, reservations[2], deadline=time.monotonic() - 1)
+        gone = submit(4.0, reservations[3])
+        while worker.depth < 3:
+            await asyncio.sleep(0.005)
+        gone.cancel()
+        device.gate.set()
+        done = await asyncio.wait_for(asyncio.gather(first, live, expired, return_exceptions=True), 10)
+        assert float(done[0]["X"][0]) == 0.5 and float(done[1]["X"][0]) == 1.0
+        assert getattr(done[2], "status", None) == 408
+        for r in reservations:
+            r.release()  # the requests' own holds; the jobs' holds were let go by the worker
+        await asyncio.sleep(0.05)
+        assert budget.in_use == 0
+
+    _scenario(device, body, max_batch=max_batch)
+    assert [e for e in device.events if e[1] == [4.0]] == []  # never computed
+
+
+def test_an_answer_is_not_held_while_the_worker_waits_for_a_batch():
+    """With LU_BATCH_DELAY_US the worker may wait for more jobs to merge: the job in flight is collected first."""
+    device = OverlappingDevice()
+
+    async def body(worker: DeviceWorker) -> None:
+        futures = await _hold_first(device, worker, [1.0, 2.0])
+        started = asyncio.get_running_loop().time()
+        first = await asyncio.wait_for(futures[0], 10)
+        assert asyncio.get_running_loop().time() - started < 0.4  # not after the 0.5 s gathering window
+        np.testing.assert_array_equal(first["X"], np.full(2, 0.5))
+        await asyncio.wait_for(futures[1], 10)
+
+    async def main() -> None:
+        worker = DeviceWorker(
+            device, Metrics("cpu", "test"), max_queue=16, retry_after_s=1, max_batch=8, batch_delay_us=500_000
+        )
+        worker.start()
+        try:
+            await body(worker)
+        finally:
+            await asyncio.to_thread(worker.stop, 10)
+
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize("overlaps", [False, True])
-def test_answers_are_the_same_with_and_without_overlap(overlaps, rng):
+def test_merged_answers_split_alike_whether_collected_at_once_or_later(overlaps, rng):
     device = OverlappingDevice()
     device.overlaps = overlaps
     systems = [(rng.standard_normal((5, 5)), rng.standard_normal((5, 3))) for _ in range(12)]
@@ -232,37 +332,40 @@ def test_answers_are_the_same_with_and_without_overlap(overlaps, rng):
 
 
 @pytest.mark.gpu
-def test_on_a_gpu_overlapped_jobs_answer_what_each_job_alone_does(rng):
-    """Jobs of different sizes and operations queued together, so that each is uploaded while the last
-    computes and downloads (pinned staging for the big ones, pageable copies for the small): every answer
-    equals, bit for bit, the same job run alone on the same device. A buffer reused too early (an input
-    freed while the compute stream still reads it, a staging buffer handed out during its copy) shows here.
+@pytest.mark.parametrize("max_batch", [1, 8])
+def test_on_a_gpu_overlapped_jobs_answer_what_each_job_alone_does(rng, max_batch):
+    """Jobs queued together, so that each one's upload runs while the last one's answer comes back: every
+    answer equals, bit for bit, the same job run alone on the same device. Runs of equal sizes, so that a
+    freed block is what the next upload gets (an input freed while the compute stream still read it, a
+    staging buffer handed out during its copy would show here); big ones staged in pinned memory, small
+    ones copied from pageable memory; with max_batch 8 the equal jobs are merged as well.
     """
     from service.device import GpuDevice
 
     device = GpuDevice(0)
     ops = OPERATIONS
     jobs = []
-    for i in range(24):
-        n = (4, 48, 300, 700)[i % 4]
-        A = rng.standard_normal((3, n, n)) + n * np.eye(n)
-        B = rng.standard_normal((3, n, 2))
-        name = ("solve", "lu_factor", "lu_unpack", "solve")[i % 4]
-        if name == "lu_unpack":
-            factored = ops["lu_factor"].compute({"A": A}, {"pivot": True})
-            tensors = {"LU": factored["LU"], "pivots": factored["pivots"]}
-        elif name == "lu_factor":
-            tensors = {"A": A}
-        else:
-            tensors = {"A": A, "B": B}
-        jobs.append((name, tensors))
+    for n in (4, 48, 300, 700):
+        for k in range(6):
+            A = rng.standard_normal((3, n, n)) + n * np.eye(n)
+            name = ("solve", "lu_factor", "lu_unpack", "lu_solve")[k % 4] if max_batch == 1 else "solve"
+            if name in ("lu_unpack", "lu_solve"):
+                factored = ops["lu_factor"].compute({"A": A}, {"pivot": True})
+                tensors = {"LU": factored["LU"], "pivots": factored["pivots"]}
+                if name == "lu_solve":
+                    tensors["B"] = rng.standard_normal((3, n, 2))
+            elif name == "lu_factor":
+                tensors = {"A": A}
+            else:
+                tensors = {"A": A, "B": rng.standard_normal((3, n, 2))}
+            jobs.append((name, tensors))
 
     async def body(worker: DeviceWorker) -> None:
         futures = [
             asyncio.ensure_future(worker.submit(name, ops[name].compute, tensors, dict(ops[name].options)))
             for name, tensors in jobs
         ]
-        overlapped = await asyncio.wait_for(asyncio.gather(*futures), 120)
+        overlapped = await asyncio.wait_for(asyncio.gather(*futures), 300)
         alone = [
             await asyncio.to_thread(
                 worker.call, lambda n=name, t=tensors: device.run(ops[n].compute, t, ops[n].options)
@@ -275,7 +378,7 @@ def test_on_a_gpu_overlapped_jobs_answer_what_each_job_alone_does(rng):
                 np.testing.assert_array_equal(got[key], want[key])
 
     async def main() -> None:
-        worker = DeviceWorker(device, Metrics("gpu", "test"), max_queue=64, retry_after_s=1, max_batch=1)
+        worker = DeviceWorker(device, Metrics("gpu", "test"), max_queue=64, retry_after_s=1, max_batch=max_batch)
         worker.start()
         try:
             await body(worker)
@@ -343,9 +446,11 @@ def test_a_gpu_job_keeps_its_inputs_and_staging_buffers_until_its_result_is_coll
 
     big = np.ones((4, 64, 64))  # 128 KiB: staged through pinned memory
     first = device.launch(compute, {"A": big}, {})
-    second = device.launch(compute, {"A": big * 3}, {})
-    gc.collect()
+    first.compute()
+    second = device.launch(compute, {"A": big * 3}, {})  # uploaded while the first is in flight
     assert len(cp.pinned) == 2  # the second job was not staged into the first one's buffer
+    second.compute()
+    gc.collect()
     assert seen[0]() is not None and seen[1]() is not None  # both jobs' inputs still referenced
     np.testing.assert_array_equal(first.result()["X"], big * 2)
     del first
@@ -354,6 +459,7 @@ def test_a_gpu_job_keeps_its_inputs_and_staging_buffers_until_its_result_is_coll
     third = device.launch(compute, {"A": big * 5}, {})
     assert len(cp.pinned) == 2  # staged into the first job's buffer, free again
     np.testing.assert_array_equal(second.result()["X"], big * 6)
+    third.compute()
     np.testing.assert_array_equal(third.result()["X"], big * 10)
     with pytest.raises(RuntimeError, match="collected once"):
         third.result()
