@@ -5,7 +5,7 @@ otherwise the CPU, saying why in the log and in ``/readyz``. ``LU_DEVICE=gpu``
 refuses to start without a GPU. The worker thread calls :meth:`Device.run` (the
 CPU), or :meth:`Device.launch` and the job's ``compute()`` and ``result()`` (the
 GPU, :attr:`Device.overlaps`, so that another job's upload can run in between): on
-the GPU that copies NumPy inputs in once on the worker's own CUDA stream, computes
+the GPU that copies NumPy inputs in once on the worker's upload stream, computes
 with CuPy arrays (``lu_core`` dispatches on them) and copies the results out once.
 Outputs wrapped in :class:`Resident` stay where they were computed (the
 factorization store keeps them on the device).
@@ -199,8 +199,9 @@ class Device:
 
     def launch(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> Launched:
         """Start one job in steps (see :attr:`overlaps`): call ``compute()`` then ``result()`` on what this
-        returns. Unlike :meth:`run`, no step turns an allocation failure into a 503: the caller (the
-        worker) does, once, after it may have retried. Here the job runs whole before this returns."""
+        returns. On a device that overlaps, unlike :meth:`run`, no step turns an allocation failure into a
+        503: the caller (the worker) does, once, after it may have retried. Here the job runs whole, through
+        :meth:`run`, before this returns."""
         return Launched(self.run(compute, tensors, options))
 
     def launch_stacked(
@@ -325,7 +326,8 @@ class GpuDevice(Device):
     collects the first job's answer, then computes the next: one request's inputs go up
     (host to device) while another's answer comes down (device to host), on the two copy
     engines at once. ``compute()`` may wait for the device (``solve``'s singular-system
-    check reads ``info``), which is why the next upload is queued before, not after, it.
+    check reads ``info``; pivots a request sent are checked on the device and read back),
+    which is why the next upload is queued before, not after, it.
     """
 
     kind = "gpu"
@@ -408,7 +410,12 @@ class GpuDevice(Device):
     ) -> dict[str, Any]:
         # Each input's parts are concatenated straight into its pinned staging buffer (or, when
         # small, into one host array) and uploaded in one copy; the outputs come back in one copy each.
-        return self.launch_stacked(compute, parts, options, new_axis=new_axis).result()
+        def whole() -> dict[str, Any]:
+            job = self.launch_stacked(compute, parts, options, new_axis=new_axis)
+            job.compute()
+            return job.result()
+
+        return self._guarded(compute, whole)
 
     def _upload(self, a: Any, stream: Any, staged: list[Any]) -> Any:
         cp = self._cp
@@ -499,6 +506,7 @@ class _GpuJob(Launched):
         device, cp = self._device, self._device._cp
         _, _, download = device._streams  # type: ignore[misc]
         if self._out is None:
+            self._abandon()
             raise RuntimeError("a GPU job's result is collected once, after compute()")
         marks = self._marks
         try:

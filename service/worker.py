@@ -17,14 +17,15 @@ pass), and the answers of one batch go back in one ``call_soon_threadsafe``.
 Requests the loop reads together thus reach the device together, which is what
 lets batching merge them without ``LU_BATCH_DELAY_US``.
 
-On a device whose jobs are started and collected separately (``Device.overlaps``: the
-GPU, where a job is an upload, a compute and a download on the device's streams), the
-worker starts the next queued job before it collects the last one's answer, so that
-one request's upload overlaps another's compute and download. It never waits for a
-next job to do so: with nothing queued, the answer is collected at once. A call or the
-stop waits for the job in flight; out of device memory with a job in flight, the worker
-lets that job finish and starts the new one again (the memory check before the upload
-counts one job at a time).
+On a device whose jobs run in steps (``Device.overlaps``: the GPU, where a job is an
+upload, a compute and a download on the device's streams), the worker keeps the last
+job computed but not collected ("in flight") while another is queued: it queues the new
+job's upload, then collects the answer in flight, then computes the new job, so that one
+request's inputs go up while another's answer comes down. It never waits for a next job
+to do so: with nothing queued, the answer is collected at once. A call, the stop and a
+batch-delay wait come after the job in flight is collected; out of device memory while
+uploading beside a job in flight, the worker collects that job and uploads again (the
+memory check before the upload counts one job at a time).
 """
 
 from __future__ import annotations
@@ -146,8 +147,8 @@ class DeviceWorker:
         self._accepting = False
         self._started = threading.Event()
         self._children: dict[str, Any] = {}
-        # On a device that overlaps: the last job started, its answer not collected yet (the next job
-        # is started first, so that its upload runs during this one's compute and download).
+        # On a device that overlaps: the last job computed, its answer not collected yet (the next
+        # job's upload is queued first, so that it goes up while this one's answer comes down).
         self._in_flight: _InFlight | None = None
         self._landing_s = [0.0, 0.0]  # of the current batch: wall and CPU time spent landing the job in flight
 
@@ -330,7 +331,7 @@ class DeviceWorker:
         """Start ``jobs`` (one, or merged into one call) on a device that :attr:`~Device.overlaps`: upload
         their inputs, land the job in flight meanwhile, then compute. The new job is returned to be
         landed later, or None when nothing is left to collect (failures are answered in ``settled``)."""
-        start = time.perf_counter()
+        start, landed_before = time.perf_counter(), self._landing_s[0]
         jobs = [job for job in jobs if not job.future.cancelled()]  # clients that left while queued
         if not jobs:
             return None
@@ -343,11 +344,11 @@ class DeviceWorker:
             return None
         self._land()  # the upload above runs on the device while the last job's answer comes back
         try:
-            self._with_room(flight.launched.compute)
+            flight.launched.compute()  # nothing in flight now: out of memory here is this job's
         except Exception as exc:
             self._fail(jobs, exc, settled)
             return None
-        flight.busy_s = time.perf_counter() - start - self._landing_s[0]
+        flight.busy_s = time.perf_counter() - start - (self._landing_s[0] - landed_before)
         return flight
 
     def _upload(self, jobs: list[_Job]) -> _InFlight:
@@ -492,7 +493,7 @@ class DeviceWorker:
             return exc
         if self.device.is_out_of_memory(exc):
             log.warning("out of %s memory: %s", self.device.kind, exc)
-            self._metrics.rejected.labels("out_of_memory").inc()
+            self._metrics.rejected.labels("device_out_of_memory").inc()
             self.device.release_memory()
             return unavailable(
                 "device_out_of_memory",

@@ -62,13 +62,13 @@ class OverlappingDevice(CpuDevice):
         self.gate.set()
         self.launching = threading.Event()
         self.fail_result: list[float] | None = None  # the tags of the call whose collect fails
-        self.out_of_memory_once = False
+        self.out_of_memory = 0  # how many uploads after job 1's compute fail with MemoryError
 
     def _launched(self, tags: list[float], answer_of) -> _Stepped:
         self.launching.set()
         self.gate.wait(10)
-        if self.out_of_memory_once and self.events and self.events[-1][0] == "compute":
-            self.out_of_memory_once = False  # a job is in flight (computed, not collected)
+        if self.out_of_memory and ("compute", [1.0]) in self.events:
+            self.out_of_memory -= 1  # the uploads after job 1's: beside it in flight, then the retry
             self.events.append(("out of memory", tags))
             raise MemoryError("no room beside the job in flight")  # what CuPy's pool raises
         self.events.append(("upload", tags))
@@ -190,7 +190,7 @@ def test_a_failed_collect_of_one_job_is_that_requests_error():
     _scenario(device, body)
 
 
-def test_an_error_at_launch_is_that_requests_alone():
+def test_an_error_in_compute_is_that_requests_alone():
     device = OverlappingDevice()
 
     async def body(worker: DeviceWorker) -> None:
@@ -207,7 +207,7 @@ def test_an_error_at_launch_is_that_requests_alone():
 
 def test_out_of_memory_beside_a_job_in_flight_waits_for_it_and_retries():
     device = OverlappingDevice()
-    device.out_of_memory_once = True
+    device.out_of_memory = 1
 
     async def body(worker: DeviceWorker) -> None:
         futures = await _hold_first(device, worker, [1.0, 2.0])
@@ -224,6 +224,31 @@ def test_out_of_memory_beside_a_job_in_flight_waits_for_it_and_retries():
         ("compute", [2.0]),
         ("result", [2.0]),
     ]
+
+
+def test_out_of_memory_again_after_the_retry_is_one_503_counted_once():
+    device = OverlappingDevice()
+    device.out_of_memory = 2
+    metrics = Metrics("cpu", "test")
+    released: list[bool] = []
+    device.release_memory = lambda: released.append(True)
+
+    async def main() -> None:
+        worker = DeviceWorker(device, metrics, max_queue=16, retry_after_s=3)
+        worker.start()
+        try:
+            futures = await _hold_first(device, worker, [1.0, 2.0])
+            first, second = await asyncio.wait_for(asyncio.gather(*futures, return_exceptions=True), 10)
+        finally:
+            await asyncio.to_thread(worker.stop, 10)
+        np.testing.assert_array_equal(first["X"], np.full(2, 0.5))
+        assert second.status == 503 and second.code == "device_out_of_memory"
+
+    asyncio.run(main())
+    assert [e[0] for e in device.events] == ["upload", "compute", "out of memory", "result", "out of memory"]
+    assert released == [True]  # the pool released once, for the one failure answered
+    counted = metrics.rejected.labels("device_out_of_memory")._value.get()
+    assert counted == 1
 
 
 def test_a_call_waits_for_the_job_in_flight():
@@ -255,7 +280,10 @@ def test_expired_and_cancelled_jobs_beside_a_job_in_flight_are_answered_and_let_
     device = OverlappingDevice()
     budget = MemoryBudget(1 << 20)
 
+    problems: list[dict] = []
+
     async def body(worker: DeviceWorker) -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: problems.append(context))
         device.gate.clear()
         reservations = [budget.reserve(1000) for _ in range(4)]
         opts = dict(SOLVE.options)
@@ -278,10 +306,12 @@ def test_expired_and_cancelled_jobs_beside_a_job_in_flight_are_answered_and_let_
         done = await asyncio.wait_for(asyncio.gather(first, live, expired, return_exceptions=True), 10)
         assert float(done[0]["X"][0]) == 0.5 and float(done[1]["X"][0]) == 1.0
         assert getattr(done[2], "status", None) == 408
+        await asyncio.sleep(0.05)  # the holds are let go on the loop, after the answers
+        assert budget.in_use == 4000  # each job let go of its hold once: the requests' own remain
         for r in reservations:
-            r.release()  # the requests' own holds; the jobs' holds were let go by the worker
-        await asyncio.sleep(0.05)
+            r.release()
         assert budget.in_use == 0
+        assert problems == []  # no future answered twice (set_result on a done future fails in a callback)
 
     _scenario(device, body, max_batch=max_batch)
     assert [e for e in device.events if e[1] == [4.0]] == []  # never computed
@@ -345,19 +375,22 @@ def test_on_a_gpu_overlapped_jobs_answer_what_each_job_alone_does(rng, max_batch
     device = GpuDevice(0)
     ops = OPERATIONS
     jobs = []
-    for n in (4, 48, 300, 700):
+    # Merged (max_batch 8): sizes our own kernels take at any batch (n <= 32), so that a merged call and
+    # a job alone compute alike (above, cuSOLVER or cuBLAS is chosen from the batch count).
+    sizes, batch = ((4, 48, 300, 700), 3) if max_batch == 1 else ((4, 24, 32), 40)
+    for n in sizes:
         for k in range(6):
-            A = rng.standard_normal((3, n, n)) + n * np.eye(n)
+            A = rng.standard_normal((batch, n, n)) + n * np.eye(n)
             name = ("solve", "lu_factor", "lu_unpack", "lu_solve")[k % 4] if max_batch == 1 else "solve"
             if name in ("lu_unpack", "lu_solve"):
                 factored = ops["lu_factor"].compute({"A": A}, {"pivot": True})
                 tensors = {"LU": factored["LU"], "pivots": factored["pivots"]}
                 if name == "lu_solve":
-                    tensors["B"] = rng.standard_normal((3, n, 2))
+                    tensors["B"] = rng.standard_normal((batch, n, 2))
             elif name == "lu_factor":
                 tensors = {"A": A}
             else:
-                tensors = {"A": A, "B": rng.standard_normal((3, n, 2))}
+                tensors = {"A": A, "B": rng.standard_normal((batch, n, 2))}
             jobs.append((name, tensors))
 
     async def body(worker: DeviceWorker) -> None:
@@ -464,3 +497,12 @@ def test_a_gpu_job_keeps_its_inputs_and_staging_buffers_until_its_result_is_coll
     with pytest.raises(RuntimeError, match="collected once"):
         third.result()
     assert sorted(len(bufs) for bufs in device._staging._free.values()) == [2]  # both buffers free
+    # A result asked before compute() is refused, and the job's staging buffer goes back all the same.
+    early = device.launch(compute, {"A": big}, {})
+    with pytest.raises(RuntimeError, match="after compute"):
+        early.result()
+    assert sorted(len(bufs) for bufs in device._staging._free.values()) == [2]
+    # The merged path outside the worker (run_stacked) takes the same steps.
+    stacked = device.run_stacked(compute, {"A": [big, big * 2]}, {})
+    np.testing.assert_array_equal(stacked["X"], np.concatenate([big, big * 2]) * 2)
+    assert device._staging.held_bytes == sum(size * len(bufs) for size, bufs in device._staging._free.items())
