@@ -6,7 +6,9 @@ with a 503 and ``Retry-After`` so that load balancers and clients back off.
 Jobs run in order, compatible queued ones merged into one call (dynamic
 batching, :mod:`service.batcher`); a job whose client went away before it
 started is skipped. Out-of-memory on the device is answered with a 503 and the
-worker frees its cached memory and goes on serving.
+worker frees its cached memory and goes on serving. A bug in the worker's own code
+(an exception outside a job's error handling) is logged, the jobs it concerned are
+answered 500 (no request is left waiting), and the worker goes on.
 
 The thread and the event loop share the GIL, so every hand-over between them
 costs: a wake-up of the other thread, and, when the other is busy, a wait for
@@ -151,6 +153,7 @@ class DeviceWorker:
         # job's upload is queued first, so that it goes up while this one's answer comes down).
         self._in_flight: _InFlight | None = None
         self._landing_s = [0.0, 0.0]  # of the current batch: wall and CPU time spent landing the job in flight
+        self._stop_by = math.inf  # after a stop: how long to wait for jobs still in an event loop's outbox
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -252,74 +255,84 @@ class DeviceWorker:
             self.device.thread_init()
         finally:
             self._started.set()
-        metrics = self._metrics
-        stop_by = math.inf
+        self._stop_by = math.inf
         while True:
-            if self._in_flight is not None and not self._work_waiting():
-                self._land()  # nothing to start meanwhile: the answer is collected now
-            item = self._pending.popleft() if self._pending else self._next(None)
-            if _is_barrier(item):
-                self._land()  # a call or the stop: nothing runs past it while a job is in flight
-            if item is _STOP:
-                if self._work_left():
-                    # Jobs or calls that reached the queue after the stop (an event loop's hand-over at
-                    # its next pass) or wait in pending: finish them first, then stop.
-                    self._queue.put(_STOP)
-                    continue
-                if self._outboxes and time.monotonic() < stop_by:
-                    # Jobs submitted just before the stop are still in an event loop's outbox: they are
-                    # handed over at the loop's next pass; finish them too (a closed loop: give up).
-                    stop_by = min(stop_by, time.monotonic() + 1.0)
-                    time.sleep(0.001)
-                    self._queue.put(_STOP)
-                    continue
-                return
-            # Busy from here until the answers are handed back: wall time (GIL waits and preemption
-            # included, a batch delay's wait not) and the thread's own CPU time (lu_worker_*_seconds).
-            wall, cpu = time.perf_counter(), time.thread_time()
-            self._idle_s = 0.0
-            self._landing_s = [0.0, 0.0]
-            if callable(item):
-                item()
-                continue
-            batch = gather(
-                item,
-                self._take,
-                self._pending,
-                max_batch=self._max_batch,
-                max_elements=self._max_batch_elements,
-                delay_s=self._batch_delay_s,
-                is_job=_is_live_job,
-                is_barrier=_is_barrier,
-            )
-            self._taken += len(batch)
-            metrics.batch_wait.observe(time.perf_counter() - wall)
-            metrics.queue_depth.set(self.depth)
-            settled: list[tuple[_Job, bool, Any]] = []
-            flying: _InFlight | None = None
             try:
-                live = [job for job in batch if job.deadline is None or not self._expired(job, settled)]
-                if self.device.overlaps and live:
-                    flying = self._start(live, settled)
-                elif len(live) == 1:
-                    self._compute(live[0], settled)
-                elif live:
-                    self._compute_merged(live, settled)
-            finally:
-                # Less the time spent landing the job that was in flight (_land counts its own).
-                landed_wall, landed_cpu = self._landing_s
-                metrics.worker_busy.inc(time.perf_counter() - wall - self._idle_s - landed_wall)
-                metrics.worker_cpu.inc(time.thread_time() - cpu - landed_cpu)
-                # Last: waking the event loop hands it the GIL, and the worker has nothing left to do.
-                if flying is None:
-                    rest = batch
-                else:  # the jobs in flight are answered when they land
-                    ids = {id(job) for job in flying.jobs}
-                    rest = [job for job in batch if id(job) not in ids]
-                if rest:
-                    _settle_all(settled, rest)
-            if flying is not None:  # (None: the job in flight, if any, landed in _start, or stays)
-                self._in_flight = flying
+                if self._step(self._metrics):
+                    return
+            except Exception:
+                # A bug: the jobs it concerned are answered 500 (_settle: none is left waiting, each
+                # request's 500 is counted and logged where it is answered); the worker goes on serving.
+                log.exception("the device worker failed on an item; going on")
+
+    def _step(self, metrics: Metrics) -> bool:
+        """Take the next item and run it (a job batch, a call, the stop); True when the worker stops."""
+        if self._in_flight is not None and not self._work_waiting():
+            self._land()  # nothing to start meanwhile: the answer is collected now
+        item = self._pending.popleft() if self._pending else self._next(None)
+        if _is_barrier(item):
+            self._land()  # a call or the stop: nothing runs past it while a job is in flight
+        if item is _STOP:
+            if self._work_left():
+                # Jobs or calls that reached the queue after the stop (an event loop's hand-over at
+                # its next pass) or wait in pending: finish them first, then stop.
+                self._queue.put(_STOP)
+                return False
+            if self._outboxes and time.monotonic() < self._stop_by:
+                # Jobs submitted just before the stop are still in an event loop's outbox: they are
+                # handed over at the loop's next pass; finish them too (a closed loop: give up).
+                self._stop_by = min(self._stop_by, time.monotonic() + 1.0)
+                time.sleep(0.001)
+                self._queue.put(_STOP)
+                return False
+            return True
+        # Busy from here until the answers are handed back: wall time (GIL waits and preemption
+        # included, a batch delay's wait not) and the thread's own CPU time (lu_worker_*_seconds).
+        wall, cpu = time.perf_counter(), time.thread_time()
+        self._idle_s = 0.0
+        self._landing_s = [0.0, 0.0]
+        if callable(item):
+            item()
+            return False
+        batch = gather(
+            item,
+            self._take,
+            self._pending,
+            max_batch=self._max_batch,
+            max_elements=self._max_batch_elements,
+            delay_s=self._batch_delay_s,
+            is_job=_is_live_job,
+            is_barrier=_is_barrier,
+        )
+        self._taken += len(batch)
+        metrics.batch_wait.observe(time.perf_counter() - wall)
+        metrics.queue_depth.set(self.depth)
+        settled: list[tuple[_Job, bool, Any]] = []
+        flying: _InFlight | None = None
+        try:
+            live = [job for job in batch if job.deadline is None or not self._expired(job, settled)]
+            if self.device.overlaps and live:
+                flying = self._start(live, settled)
+            elif len(live) == 1:
+                self._compute(live[0], settled)
+            elif live:
+                self._compute_merged(live, settled)
+        finally:
+            # Less the time spent landing the job that was in flight (_land counts its own).
+            landed_wall, landed_cpu = self._landing_s
+            metrics.worker_busy.inc(time.perf_counter() - wall - self._idle_s - landed_wall)
+            metrics.worker_cpu.inc(time.thread_time() - cpu - landed_cpu)
+            # Last: waking the event loop hands it the GIL, and the worker has nothing left to do.
+            if flying is None:
+                rest = batch
+            else:  # the jobs in flight are answered when they land
+                ids = {id(job) for job in flying.jobs}
+                rest = [job for job in batch if id(job) not in ids]
+            if rest:
+                _settle_all(settled, rest)
+        if flying is not None:  # (None: the job in flight, if any, landed in _start, or stays)
+            self._in_flight = flying
+        return False
 
     # ------------------------------------------------------------------ overlapped jobs (a GPU)
 
@@ -532,14 +545,21 @@ def _settle(answers: list[tuple[_Job, bool, Any]], jobs: list[_Job]) -> None:
     try:
         for job, ok, value in answers:
             future = job.future
-            if future.cancelled():
+            if future.done():  # cancelled by its client (or, a bug, answered already)
                 continue
             if ok:
                 future.set_result(value)
             else:
                 future.set_exception(value)
     finally:
+        for job in jobs:
+            if not job.future.done():  # a bug left it without an answer: a 500, not a request that hangs
+                job.future.set_exception(_UNANSWERED)
         _let_go(jobs)
+
+
+# What a job gets when the worker failed to answer it (a bug, logged by the worker): answered 500.
+_UNANSWERED = RuntimeError("the device worker did not answer this job; see the log (service.worker)")
 
 
 def _let_go(jobs: list[_Job]) -> None:

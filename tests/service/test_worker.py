@@ -136,3 +136,27 @@ print("ok")
 """
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (run.returncode, run.stderr[-2000:])
+
+
+async def test_a_bug_in_the_worker_is_a_500_and_the_worker_goes_on(make_client, caplog):
+    """An exception outside the per-job error handling (a bug in the worker's own bookkeeping) must not
+    end the worker thread or leave the request waiting forever: that request gets a 500, the next works."""
+    client = await make_client(raise_app_exceptions=False)
+    worker = client.app.state.worker
+    real = worker._compute_seconds
+
+    def broken(name):
+        worker._compute_seconds = real
+        raise RuntimeError("bookkeeping bug")
+
+    worker._compute_seconds = broken
+    r = await asyncio.wait_for(client.post("/solve", json=BODY), 30)
+    assert r.status_code == 500 and r.json()["code"] == "internal_error"
+    for _ in range(200):  # the worker logs it (with its traceback) after the answers are handed back
+        if "bookkeeping bug" in caplog.text:
+            break
+        await asyncio.sleep(0.01)
+    assert "bookkeeping bug" in caplog.text
+    r = await asyncio.wait_for(client.post("/solve", json=BODY), 30)
+    assert r.status_code == 200 and r.json()["X"]["data"] == [2.0, 3.0]
+    assert worker._thread.is_alive()
