@@ -75,10 +75,21 @@ def _time_paths(paths: dict[str, dict[str, object]], fn: Callable[[], object], r
     return out
 
 
-def measure(quick: bool, progress: Callable[[str], None]) -> tuple[list[dict], list[dict]]:
+def measure(
+    quick: bool, progress: Callable[[str], None], seconds: float | None = None
+) -> tuple[list[dict], list[dict]]:
+    """Factor and solve timings, dtype by dtype (float32, float64, then complex); ``seconds``: start no
+    case past this budget (it cuts the last dtypes' cases; the report lists what was measured)."""
+    import time
+
     import cupy as cp
 
     import lu_core
+
+    start = time.perf_counter()
+
+    def more() -> bool:
+        return seconds is None or time.perf_counter() - start < seconds
 
     rng = cp.random.default_rng(0)
     repeats = 3 if quick else 10
@@ -87,7 +98,7 @@ def measure(quick: bool, progress: Callable[[str], None]) -> tuple[list[dict], l
     for dtype in dtypes:
         for n in FACTOR_N[:6] if quick else FACTOR_N:
             for batch in FACTOR_BATCH[:3] if quick else FACTOR_BATCH:
-                if batch * n * n > MAX_ELEMENTS:
+                if batch * n * n > MAX_ELEMENTS or not more():
                     continue
                 A = rng.standard_normal((batch, n, n)).astype(dtype) + n * cp.eye(n, dtype=dtype)
                 times = _time_paths(_factor_paths(n), lambda A=A: lu_core.lu_factor_ex(A), repeats)
@@ -95,7 +106,7 @@ def measure(quick: bool, progress: Callable[[str], None]) -> tuple[list[dict], l
                 progress(f"factor {dtype} n={n} batch={batch}: {times}")
         for n in SOLVE_N[:4] if quick else SOLVE_N:
             for batch in SOLVE_BATCH[:2] if quick else SOLVE_BATCH:
-                if batch * n * n > MAX_ELEMENTS:
+                if batch * n * n > MAX_ELEMENTS or not more():
                     continue
                 A = rng.standard_normal((batch, n, n)).astype(dtype) + n * cp.eye(n, dtype=dtype)
                 LU, piv = lu_core.lu_factor(A)
@@ -168,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.calibrate_gpu", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for the report")
     ap.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")
+    ap.add_argument("--seconds", type=float, default=None, help="start no case after this many seconds")
     args = ap.parse_args(argv)
     problem = available()
     if problem is not None:
@@ -177,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
 
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
     device = name.decode() if isinstance(name, bytes) else str(name)
-    factor_rows, solve_rows = measure(args.quick, lambda msg: print(msg, file=sys.stderr, flush=True))
+    factor_rows, solve_rows = measure(args.quick, lambda msg: print(msg, file=sys.stderr, flush=True), args.seconds)
     suggested = suggest(factor_rows, solve_rows)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """core-gpu suite: lu_core (CuPy) against torch.linalg (CUDA) and cupyx.scipy.linalg, on one GPU.
 
     python -m bench --suite core-gpu [--quick]
+    python -m bench.core_gpu --out DIR [--quick] [--seconds S]   # S: a time budget (make gpu-proof)
 
 Runs only where CuPy sees a GPU. Grid: batch 1 ... 100000, n 8 ... 8192 (cases
 above 2^26 elements left out), float32 and float64. Every contender is timed with
@@ -17,9 +18,12 @@ contact with a device.
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import pathlib
 import statistics
+import sys
+import time
 from collections.abc import Callable
 
 import lu_core
@@ -139,7 +143,23 @@ def cases(quick: bool) -> list[tuple[int, int]]:
     return [(b, n) for n in ns for b in batches if b * n * n <= MAX_ELEMENTS]
 
 
-def run(quick: bool, out: pathlib.Path | None, progress: Callable[[str], None]) -> pathlib.Path | None:
+def in_order(todo: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
+    """Cheapest first (by a factorization's work, batch x n^3, then float32 before float64), so that a
+    time budget cuts the most expensive cells, not a whole range of sizes."""
+    return sorted(todo, key=lambda c: (c[0] * c[1] ** 3, c[2] != "float32", c[1]))
+
+
+def within(seconds: float | None, start: float) -> Callable[[], bool]:
+    """Whether there is time left for another case (None: no budget)."""
+    return lambda: seconds is None or time.perf_counter() - start < seconds
+
+
+def run(
+    quick: bool, out: pathlib.Path | None, progress: Callable[[str], None], seconds: float | None = None
+) -> pathlib.Path | None:
+    """The suite; ``seconds``: start no case past this budget (the report says which were left out)."""
+    start = time.perf_counter()
+    more = within(seconds, start)
     why = available()
     if why is not None:
         progress(f"skipped: {why}")
@@ -155,11 +175,21 @@ def run(quick: bool, out: pathlib.Path | None, progress: Callable[[str], None]) 
         torch = None
     if torch is None:
         progress("PyTorch with CUDA not available: comparing with cupyx only")
-    todo = [(b, n, d) for d in DTYPES for (b, n) in cases(quick)]
+    todo = in_order([(b, n, d) for d in DTYPES for (b, n) in cases(quick)])
     rows: list[dict] = []
+    done = 0
     for i, (b, n, d) in enumerate(todo, 1):
+        if not more():
+            break
         progress(f"{i}/{len(todo)}: {d} batch {b} n {n}")
         rows += run_case(b, n, d, torch, repeats=5 if quick else 15)
+        done = i
+    left = [f"{d} {b}x{n}" for b, n, d in todo[done:]]
+    budget = (
+        f"Stopped by the time budget ({seconds:.0f} s) after {done} of {len(todo)} cases; left out: {', '.join(left)}."
+        if left
+        else f"All {len(todo)} cases."
+    )
     props = cupy.cuda.runtime.getDeviceProperties(0)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     extra = [
@@ -175,6 +205,7 @@ def run(quick: bool, out: pathlib.Path | None, progress: Callable[[str], None]) 
             "",
             f"Device: {name}; CuPy {cupy.__version__}; torch {getattr(torch, '__version__', 'not available')}.",
             "Times: CUDA events after warm-up, medians; ratio = lu_core / peer (below 1: lu_core faster).",
+            budget,
             "",
             ratio_table(rows, PEERS),
             "",
@@ -196,3 +227,18 @@ def run(quick: bool, out: pathlib.Path | None, progress: Callable[[str], None]) 
     )
     progress(f"wrote {path}")
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.core_gpu", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench/results", help="folder for the report ('' for none)")
+    ap.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")
+    ap.add_argument("--seconds", type=float, default=None, help="start no case after this many seconds")
+    args = ap.parse_args(argv)
+    out = pathlib.Path(args.out) if args.out else None
+    run(args.quick, out, lambda msg: print(f"[core-gpu] {msg}", file=sys.stderr, flush=True), args.seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
