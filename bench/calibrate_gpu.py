@@ -21,7 +21,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 
-from bench.core_gpu import _cuda_time, available
+from bench.core_gpu import _cuda_time, available, seconds_budget
 
 FACTOR_N = (4, 8, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
 FACTOR_BATCH = (2, 8, 64, 512, 4096, 32768)
@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.calibrate_gpu", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for the report")
     ap.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")
-    ap.add_argument("--seconds", type=float, default=None, help="start no case after this many seconds")
+    ap.add_argument("--seconds", type=seconds_budget, default=None, help="start no case after this many seconds")
     args = ap.parse_args(argv)
     problem = available()
     if problem is not None:

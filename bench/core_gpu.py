@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import pathlib
 import statistics
 import sys
@@ -149,6 +150,17 @@ def in_order(todo: list[tuple[int, int, str]]) -> list[tuple[int, int, str]]:
     return sorted(todo, key=lambda c: (c[0] * c[1] ** 3, c[2] != "float32", c[1]))
 
 
+def seconds_budget(text: str) -> float:
+    """``--seconds``: a finite number of seconds above zero (argparse type; a clear error otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: the time budget must be a finite number of seconds above 0")
+    return value
+
+
 def within(seconds: float | None, start: float) -> Callable[[], bool]:
     """Whether there is time left for another case (None: no budget)."""
     return lambda: seconds is None or time.perf_counter() - start < seconds
@@ -233,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.core_gpu", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results", help="folder for the report ('' for none)")
     ap.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")
-    ap.add_argument("--seconds", type=float, default=None, help="start no case after this many seconds")
+    ap.add_argument("--seconds", type=seconds_budget, default=None, help="start no case after this many seconds")
     args = ap.parse_args(argv)
     out = pathlib.Path(args.out) if args.out else None
     run(args.quick, out, lambda msg: print(f"[core-gpu] {msg}", file=sys.stderr, flush=True), args.seconds)

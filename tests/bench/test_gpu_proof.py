@@ -141,3 +141,21 @@ def test_a_part_that_times_out_takes_the_processes_it_started_with_it(tmp_path):
     else:
         os.kill(child, 9)
         pytest.fail("the part's child process outlived its timeout")
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "nan", "inf", "ten", ""])
+@pytest.mark.parametrize("module", ["bench.core_gpu", "bench.calibrate_gpu"])
+def test_a_time_budget_that_is_not_a_positive_number_of_seconds_is_refused(module, bad, capsys):
+    import importlib
+
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", "", "--seconds", bad])
+    assert exc.value.code == 2
+    assert "--seconds" in capsys.readouterr().err
+
+
+def test_a_positive_time_budget_is_taken():
+    from bench import core_gpu
+
+    assert core_gpu.seconds_budget("150") == 150.0 and core_gpu.seconds_budget("0.5") == 0.5

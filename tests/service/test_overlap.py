@@ -94,6 +94,13 @@ def _scenario(device: OverlappingDevice, body, *, max_batch: int = 1) -> None:
     asyncio.run(main())
 
 
+def _assert_halves(answers: list[dict], tags: list[float]) -> None:
+    """Each job of this file solves 2 X = B with B full of its tag: X is the tag halved."""
+    assert len(answers) == len(tags)
+    for tag, answer in zip(tags, answers, strict=True):
+        np.testing.assert_array_equal(answer["X"], np.full(2, tag / 2))
+
+
 def _submit(worker: DeviceWorker, tag: float) -> asyncio.Future:
     return asyncio.ensure_future(worker.submit("solve", SOLVE.compute, _tensors(tag), dict(SOLVE.options)))
 
@@ -115,9 +122,7 @@ def test_the_next_jobs_upload_is_queued_before_the_last_ones_answer_is_collected
 
     async def body(worker: DeviceWorker) -> None:
         futures = await _hold_first(device, worker, [1.0, 2.0, 3.0])
-        answers = await asyncio.wait_for(asyncio.gather(*futures), 10)
-        for tag, answer in zip([1.0, 2.0, 3.0], answers, strict=True):
-            np.testing.assert_array_equal(answer["X"], np.full(2, tag / 2))
+        _assert_halves(await asyncio.wait_for(asyncio.gather(*futures), 10), [1.0, 2.0, 3.0])
 
     _scenario(device, body)
     # Each job: upload queued, the job in flight collected meanwhile, then computed; the last one is
@@ -140,8 +145,7 @@ def test_a_lone_job_is_collected_at_once():
 
     async def body(worker: DeviceWorker) -> None:
         for tag in (1.0, 2.0):  # one at a time: the worker must not hold an answer waiting for a next job
-            answer = await asyncio.wait_for(_submit(worker, tag), 5)
-            np.testing.assert_array_equal(answer["X"], np.full(2, tag / 2))
+            _assert_halves([await asyncio.wait_for(_submit(worker, tag), 5)], [tag])
 
     _scenario(device, body)
     assert device.events == [
@@ -160,9 +164,7 @@ def test_merged_calls_overlap_too_and_a_failed_collect_answers_each_job_alone():
 
     async def body(worker: DeviceWorker) -> None:
         futures = await _hold_first(device, worker, [1.0, 2.0, 3.0])
-        answers = await asyncio.wait_for(asyncio.gather(*futures), 10)
-        for tag, answer in zip([1.0, 2.0, 3.0], answers, strict=True):
-            np.testing.assert_array_equal(answer["X"], np.full(2, tag / 2))
+        _assert_halves(await asyncio.wait_for(asyncio.gather(*futures), 10), [1.0, 2.0, 3.0])
 
     _scenario(device, body, max_batch=8)
     # 1 alone (taken before the others were queued), then 2 and 3 merged, uploaded before 1's answer
