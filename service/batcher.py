@@ -132,9 +132,37 @@ def gather(
     gathering ends there. Other items (a cancelled job) are passed over and stay in order.
     Items are looked at in a plain loop, a whole list at a time: this runs once per merged
     job, the cost batching is meant to cut.
+
+    Nothing taken is lost if this raises (a bug): ``pending`` then holds every item but ``first``
+    that was in it or was taken, in arrival order, and the caller runs ``first`` alone.
     """
     if max_batch <= 1:
         return [first]
+    seen = list(pending)  # what pending must hold again if gathering fails
+
+    def taking(timeout: float | None) -> Any:
+        items = take(timeout)
+        seen.extend(items)
+        return items
+
+    try:
+        return _gather(first, taking, pending, max_batch, max_elements, delay_s, is_job, is_barrier)
+    except BaseException:
+        pending.clear()
+        pending.extend(seen)
+        raise
+
+
+def _gather(
+    first: Any,
+    take: Callable[[float | None], Any],
+    pending: deque[Any],
+    max_batch: int,
+    max_elements: int,
+    delay_s: float,
+    is_job: Callable[[Any], bool],
+    is_barrier: Callable[[Any], bool],
+) -> list[Any]:
     ahead: list[Any] = []
     if not pending and delay_s <= 0:
         # A lone job (nothing else queued, no delay to wait) runs as it is, without building its key.

@@ -294,16 +294,22 @@ class DeviceWorker:
         if callable(item):
             item()
             return False
-        batch = gather(
-            item,
-            self._take,
-            self._pending,
-            max_batch=self._max_batch,
-            max_elements=self._max_batch_elements,
-            delay_s=self._batch_delay_s,
-            is_job=_is_live_job,
-            is_barrier=_is_barrier,
-        )
+        try:
+            batch = gather(
+                item,
+                self._take,
+                self._pending,
+                max_batch=self._max_batch,
+                max_elements=self._max_batch_elements,
+                delay_s=self._batch_delay_s,
+                is_job=_is_live_job,
+                is_barrier=_is_barrier,
+            )
+        except Exception:
+            # A bug in gathering: what it took waits in pending again (gather's promise); this job runs
+            # alone, so that every gathering makes progress and no request is lost or answered 500.
+            log.exception("gathering a batch failed; the job runs alone")
+            batch = [item]
         self._taken += len(batch)
         metrics.batch_wait.observe(time.perf_counter() - wall)
         metrics.queue_depth.set(self.depth)

@@ -533,6 +533,63 @@ def test_gather_keeps_arrival_order_and_never_reaches_past_a_call():
         loop.close()
 
 
+def test_gather_loses_nothing_when_it_fails():
+    """A bug while gathering (here a key that raises for one job) leaves every item but the first back
+    in pending, in arrival order, whatever had been taken, joined or set aside by then."""
+    from collections import deque
+    from queue import Empty
+
+    from service import batcher
+
+    items = [f"job{i}" for i in range(7)]
+    arrivals = deque([items[2:4], items[4:7]])
+
+    def take(timeout):
+        if not arrivals:
+            raise Empty
+        return arrivals.popleft()
+
+    def is_job(item):
+        if item == "job5":
+            raise RuntimeError("a bug")
+        return True
+
+    pending: deque = deque([items[1]])
+    kw = dict(max_batch=8, max_elements=1 << 20, delay_s=0.0, is_job=is_job, is_barrier=lambda item: False)
+    real = batcher.merge_key, batcher._elements
+    batcher.merge_key, batcher._elements = (lambda job: ("same",)), (lambda job: 1)
+    try:
+        with pytest.raises(RuntimeError, match="a bug"):
+            batcher.gather(
+                type("First", (), {"signature": None})(), take, pending, **kw
+            )  # job1..job4 joined, job5 raises
+    finally:
+        batcher.merge_key, batcher._elements = real
+    assert list(pending) == items[1:] and not arrivals
+
+
+async def test_a_bug_while_gathering_answers_every_request(worker, monkeypatch):
+    """The worker survives a gathering that raises: the job it had runs alone, the jobs gathering had
+    taken run next, and every request gets its own correct answer."""
+    from service import batcher
+
+    rng = np.random.default_rng(11)
+    real = batcher.merge_key
+
+    def merge_key(job):
+        if job.tensors["A"].shape[-1] == 5:
+            raise RuntimeError("a bug in merge_key")
+        return real(job)
+
+    monkeypatch.setattr(batcher, "merge_key", merge_key)
+    jobs = [("solve", inputs_for("solve", (), 5 if i == 2 else 4, np.float64, rng), {}) for i in range(6)]
+    jobs = [(name, tensors, dict(OPERATIONS[name].options)) for name, tensors, _ in jobs]
+    results = await asyncio.wait_for(run_gated(worker, jobs), 30)  # (lost jobs would wait forever)
+    for (name, tensors, opts), got in zip(jobs, results, strict=True):
+        assert_bit_identical(got, OPERATIONS[name].compute(tensors, opts))
+    assert worker._thread.is_alive()
+
+
 async def test_jobs_handed_over_after_the_stop_are_answered():
     """A job submitted just before ``stop`` reaches the queue at the event loop's next pass, behind
     the stop: the worker finishes it before it ends (it used to end at the stop and leave it)."""
