@@ -47,13 +47,15 @@ def _tuned(**values: object) -> Iterator[None]:
             setattr(_tuning, k, v)
 
 
-def _factor_paths(n: int) -> dict[str, dict[str, object]]:
+def _factor_paths(n: int, dtype: str) -> dict[str, dict[str, object]]:
+    from lu_core._gpu._factor import _SHARED_BYTES, _warp_bytes
+
     paths: dict[str, dict[str, object]] = {
         "getrfBatched": {"SMALL_FACTOR_MAX_N": 0, "getrf_batched_wins": lambda *a: True},
         "cusolver": {"SMALL_FACTOR_MAX_N": 0, "getrf_batched_wins": lambda *a: False},
     }
-    if n <= 32:
-        paths["own"] = {"SMALL_FACTOR_MAX_N": 32}
+    if _warp_bytes(n, n, dtype) <= _SHARED_BYTES:  # our kernel takes any square matrix a warp can hold
+        paths["own"] = {"SMALL_FACTOR_MAX_N": n}
     return paths
 
 
@@ -101,7 +103,7 @@ def measure(
                 if batch * n * n > MAX_ELEMENTS or not more():
                     continue
                 A = rng.standard_normal((batch, n, n)).astype(dtype) + n * cp.eye(n, dtype=dtype)
-                times = _time_paths(_factor_paths(n), lambda A=A: lu_core.lu_factor_ex(A), repeats)
+                times = _time_paths(_factor_paths(n, dtype), lambda A=A: lu_core.lu_factor_ex(A), repeats)
                 factor_rows.append({"dtype": dtype, "n": n, "batch": batch, **times})
                 progress(f"factor {dtype} n={n} batch={batch}: {times}")
         for n in SOLVE_N[:4] if quick else SOLVE_N:

@@ -10,7 +10,8 @@ reported: lu_solve with 64 right-hand sides (up to 2^26 elements of B), achieved
 memory bandwidth of lu_unpack (bytes of LU and pivots read plus P, L, U written,
 over the time) and achieved FLOP/s of lu_factor (2/3 n^3 per matrix). cupyx has no
 batched lu_factor: it is timed as a Python loop over the batch where the batch is
-at most 1000, and left out above.
+at most 1000, and left out above. Before the grid: lu_factor of rectangular
+batches (``RECT_CASES``), which PyTorch and the libraries factor a matrix at a time.
 
 Status: written without a GPU to run it on (see the README); expect fixes on first
 contact with a device.
@@ -38,6 +39,8 @@ MAX_ELEMENTS = 1 << 26
 DTYPES = ("float32", "float64")
 PEERS = ("torch", "cupyx")
 CUPYX_MAX_BATCH = 1000
+#: Rectangular batches (batch, m, n), measured before the square grid: tall and wide ones our kernel takes.
+RECT_CASES = ((1000, 100, 20), (1000, 20, 100), (10000, 64, 32))
 
 
 def available() -> str | None:
@@ -139,6 +142,23 @@ def run_case(batch: int, n: int, dtype: str, torch, repeats: int) -> list[dict]:
     return rows
 
 
+def run_rectangular(batch: int, m: int, n: int, dtype: str, torch, repeats: int) -> dict:
+    """lu_factor of a batch of m x n matrices (our warp-per-matrix kernel where one fits in shared memory;
+    the libraries need a call per matrix) against torch and a cupyx loop."""
+    import cupy
+    import cupyx.scipy.linalg as cxl
+
+    A = cupy.random.default_rng(0).standard_normal((batch, m, n)).astype(dtype)
+    med, spread = _cuda_time(lambda: lu_core.lu_factor(A), repeats)
+    row = {"op": "lu_factor", "dtype": dtype, "batch": batch, "n": f"{m}×{n}", "ours": med, "spread": spread}
+    if torch is not None:
+        At = torch.as_tensor(A, device="cuda")
+        row["torch"] = _cuda_time(lambda: torch.linalg.lu_factor(At), repeats)[0]
+    if batch <= CUPYX_MAX_BATCH:
+        row["cupyx"] = _cuda_time(lambda: [cxl.lu_factor(A[i], check_finite=False) for i in range(batch)], repeats)[0]
+    return row
+
+
 def cases(quick: bool) -> list[tuple[int, int]]:
     ns, batches = (QUICK_N, QUICK_BATCH) if quick else (GRID_N, GRID_BATCH)
     return [(b, n) for n in ns for b in batches if b * n * n <= MAX_ELEMENTS]
@@ -187,6 +207,10 @@ def run(
         torch = None
     if torch is None:
         progress("PyTorch with CUDA not available: comparing with cupyx only")
+    repeats = 5 if quick else 15
+    rect_rows = [  # (few repeats: the peers' loops take ~1000 library calls each)
+        run_rectangular(b, m, n, d, torch, 5) for b, m, n in RECT_CASES[: 1 if quick else None] for d in DTYPES
+    ]
     todo = in_order([(b, n, d) for d in DTYPES for (b, n) in cases(quick)])
     rows: list[dict] = []
     done = 0
@@ -194,7 +218,7 @@ def run(
         if not more():
             break
         progress(f"{i}/{len(todo)}: {d} batch {b} n {n}")
-        rows += run_case(b, n, d, torch, repeats=5 if quick else 15)
+        rows += run_case(b, n, d, torch, repeats=repeats)
         done = i
     left = [f"{d} {b}x{n}" for b, n, d in todo[done:]]
     budget = (
@@ -220,6 +244,10 @@ def run(
             budget,
             "",
             ratio_table(rows, PEERS),
+            "",
+            "Rectangular batches (n: rows × columns):",
+            "",
+            ratio_table(rect_rows, PEERS),
             "",
             "| op | dtype | batch | n | achieved |",
             "|---|---|---|---|---:|",

@@ -1,11 +1,15 @@
 """The GPU factorization: which routine factors a batch, and no Python loop for small ones.
 
-* ``max(m, n) <= 32``: our warp-per-matrix kernel (``small_lu.cu``), any batch,
-  rectangular too, with or without pivoting: one launch.
+* our warp-per-matrix kernel (``small_lu.cu``), any batch, with or without
+  pivoting, one launch: square matrices up to ``SMALL_FACTOR_MAX_N`` (32), and
+  rectangular ones of any size whose matrix fits in a warp's 48 KiB of shared
+  memory (``own_kernel``; e.g. 64 x 40 in complex128, 128 x 48 in float64),
+  which the libraries would factor with a call per matrix.
 * square batches where PyTorch's heuristic prefers it: cuBLAS ``getrfBatched``,
   one call for the whole batch.
-* otherwise (one matrix, rectangular, or matrices so large that a library call
-  each is noise): cuSOLVER ``getrf`` per matrix, as PyTorch does.
+* otherwise (one matrix, or rectangular matrices too large for shared memory,
+  where a library call each is noise): cuSOLVER ``getrf`` per matrix, as
+  PyTorch does.
 
 Pivots: the small kernel and cuSOLVER choose LAPACK's pivot (first entry of
 largest ``|re| + |im|``). cuBLAS ``getrfBatched`` does not document its
@@ -42,7 +46,7 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
     piv = cp.empty((nb, k), dtype=cp.int32)
     info = cp.zeros(nb, dtype=cp.int32)
     if nb and k:
-        if max(m, n) <= _tuning.SMALL_FACTOR_MAX_N:
+        if own_kernel(m, n, dt):
             _small(s, piv, info, m, n, pivot)
         else:
             _libs.check_int32("A", m, n)
@@ -60,9 +64,22 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
     return lu, piv.reshape(*batch, k), info.reshape(batch)
 
 
+def _warp_bytes(m: int, n: int, dtype: np.dtype) -> int:
+    """Shared memory for one matrix in ``small_getrf``: ``m`` rounded up to the warp's 32 rows, by ``n``."""
+    return -(-m // _sources.WARP) * _sources.WARP * n * np.dtype(dtype).itemsize
+
+
+def own_kernel(m: int, n: int, dtype: np.dtype) -> bool:
+    """Whether our warp-per-matrix kernel factors ``m x n`` matrices: square ones up to
+    ``SMALL_FACTOR_MAX_N``, rectangular ones whenever a warp's shared memory holds one."""
+    if _warp_bytes(m, n, dtype) > _SHARED_BYTES:
+        return False
+    return m != n or n <= _tuning.SMALL_FACTOR_MAX_N
+
+
 def _small(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, m: int, n: int, pivot: bool) -> None:
     nb = s.shape[0]
-    per_warp = _sources.WARP * n * s.dtype.itemsize  # each warp's matrix in shared memory
+    per_warp = _warp_bytes(m, n, s.dtype)  # each warp's matrix in shared memory
     warps = max(1, min(_tuning.SMALL_BLOCK // _sources.WARP, _SHARED_BYTES // per_warp))
     fn = _sources.kernel("small_lu.cu", f"small_getrf<{_sources.CTYPE[s.dtype]}>")
     fn(
@@ -83,7 +100,8 @@ def _getrf_batched(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, pivot: bool
 
 
 def _getrf_cusolver(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, m: int, n: int, pivot: bool) -> None:
-    """One cuSOLVER call per matrix: reached for one matrix, rectangular batches and large n only."""
+    """One cuSOLVER call per matrix: reached for one matrix, large n, and rectangular matrices too large
+    for our kernel only."""
     nb = s.shape[0]
     handle = _libs.solver_handle()
     p = _libs.prefix(s.dtype)

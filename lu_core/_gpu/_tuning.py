@@ -15,9 +15,11 @@ import math
 
 import numpy as np
 
-#: Our own warp-per-matrix kernels (``small_lu.cu``) for matrices up to this
-#: size (rows are the 32 lanes of a warp, so at most 32), any batch, any shape,
-#: with or without pivoting.
+#: Our own warp-per-matrix kernels (``small_lu.cu``) for square matrices up to
+#: this size, any batch, with or without pivoting (the factorization takes
+#: larger ones too, as long as a warp's shared memory holds the matrix, and
+#: takes every rectangular matrix that fits: see ``_factor.own_kernel``; the
+#: solve keeps a right-hand side in the warp's 32 lanes, so at most 32).
 SMALL_FACTOR_MAX_N = 32
 SMALL_SOLVE_MAX_N = 32
 

@@ -1,14 +1,14 @@
-// Batched LU and LU solve for small matrices (m, n <= 32): one warp per
-// matrix (in shared memory) or per right-hand side (in registers, moved by
-// warp shuffles). This is where a batch of tiny matrices is cheap: no library
-// call per matrix, no shared memory, no pointer arrays.
+// Batched LU and LU solve for small matrices: one warp per matrix (in shared
+// memory; any m x n that fits there, square ones up to 32) or per right-hand
+// side (n <= 32, in registers, moved by warp shuffles). This is where a batch
+// of small matrices is cheap: no library call per matrix, no pointer arrays.
 //
 // Compiled with NVRTC through cupy.RawModule after <cupy/complex.cuh>;
 // instantiated per dtype T (float, double, complex<float>, complex<double>).
 //
 // Storage: column-major per matrix (a(i, j) at s[b * m * n + j * m + i]), the
 // layout of cuSOLVER, cuBLAS, LAPACK and our CPU backend; lane i of the warp
-// owns row i, so each column load / store is coalesced.
+// owns rows i, i + 32, ..., so each column load / store is coalesced.
 //
 // Numerics follow the CPU backend's getrf / getrs kernels (LAPACK's getf2 /
 // getrs order): the pivot is the first entry of largest |re| + |im| at or
@@ -48,17 +48,27 @@ __device__ __forceinline__ complex<T> shfl(complex<T> v, int src) {
     return complex<T>(shfl(v.real(), src), shfl(v.imag(), src));
 }
 
-// LAPACK's pivot choice across the warp: lane k holds the diagonal candidate,
-// lanes k+1 .. m-1 the entries below it. i?amax scans from k keeping the first
-// strictly larger |.|; so a NaN diagonal stays the pivot, a NaN below it is
-// never chosen, and ties go to the smallest index. The butterfly below takes
-// the maximum of (value, -index), which is that same choice, on every lane.
-template <typename R>
-__device__ __forceinline__ int warp_pivot(R mag, int lane, int k, int m) {
-    const R at_k = __shfl_sync(LU_CORE_FULL_MASK, mag, k);
-    if (at_k != at_k) return k;  // NaN diagonal: nothing compares greater
-    R v = (lane >= k && lane < m && mag == mag) ? mag : R(-1);
-    int idx = lane;
+// LAPACK's pivot choice across the warp, for column k of a matrix of m rows
+// whose row r lane r % 32 owns (column-major in shared memory, col[r]).
+// i?amax scans from k keeping the first strictly larger |.|: so a NaN
+// diagonal stays the pivot, a NaN below it is never chosen, and ties go to the
+// smallest index. Each lane keeps the first largest of its own rows (scanned in
+// increasing order, strictly larger wins), then the butterfly takes the
+// maximum of (value, -index) over the lanes: that same choice, on every lane.
+template <typename T>
+__device__ __forceinline__ int warp_pivot(const T* col, int lane, int k, int m) {
+    typedef decltype(abs1(T())) R;
+    const R at_k = abs1(col[k]);  // the same address on every lane: a broadcast
+    if (at_k != at_k) return k;   // NaN diagonal: nothing compares greater
+    R v = R(-1);
+    int idx = m;
+    for (int r = k + ((lane - k) & 31); r < m; r += 32) {  // this lane's rows from k on
+        const R mag = abs1(col[r]);
+        if (mag > v) {  // false for NaN
+            v = mag;
+            idx = r;
+        }
+    }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
         const R ov = __shfl_xor_sync(LU_CORE_FULL_MASK, v, off);
@@ -71,64 +81,72 @@ __device__ __forceinline__ int warp_pivot(R mag, int lane, int k, int m) {
     return idx;
 }
 
-// LU of nbatch m x n matrices (m, n <= 32) in place in s, with 1-based LAPACK
-// pivots (piv, nbatch x min(m, n)) and info per matrix. Without pivoting the
-// pivots are still written (1 .. k, as PyTorch does).
+// LU of nbatch m x n matrices in place in s, with 1-based LAPACK pivots (piv,
+// nbatch x min(m, n)) and info per matrix. Without pivoting the pivots are
+// still written (1 .. k, as PyTorch does). Any m and n whose matrix fits in a
+// warp's slice of shared memory (the host checks: ld * n * sizeof(T), ld = m
+// rounded up to 32): small square matrices, and rectangular ones of any batch,
+// where the libraries would need a call per matrix.
 //
-// Each warp copies its matrix to its slice of dynamic shared memory (32 x n,
-// column-major, leading dimension 32: lane i's row is bank-conflict free),
-// factors it there and copies it back. Lane i owns row i; the pivot row is
-// read by every lane at once (a broadcast), and the row swap is spread over
-// the lanes by column. Loops are not unrolled: one instantiation per dtype
-// compiles in seconds and serves every n <= 32.
-// Launch: blockDim.x = 32 * warps, shared memory = warps * 32 * n * sizeof(T).
+// Each warp copies its matrix to its slice of dynamic shared memory
+// (column-major, leading dimension ld: the lanes' rows are bank-conflict
+// free), factors it there and copies it back. Lane i owns rows i, i + 32, ...;
+// the pivot row is read by every lane at once (a broadcast), and the row swap
+// is spread over the lanes by column. Loops are not unrolled: one
+// instantiation per dtype compiles in seconds and serves every shape.
+// Launch: blockDim.x = 32 * warps, shared memory = warps * ld * n * sizeof(T).
 template <typename T>
 __global__ void small_getrf(T* __restrict__ s, int* __restrict__ piv, int* __restrict__ info, long long nbatch,
                             int m, int n, int pivot) {
-    typedef decltype(abs1(T())) R;
     extern __shared__ __align__(16) unsigned char small_getrf_shared[];
     const int lane = threadIdx.x & 31;
-    T* sh = reinterpret_cast<T*>(small_getrf_shared) + (threadIdx.x >> 5) * 32 * n;  // this warp's matrix
+    const int ld = (m + 31) & ~31;
+    T* sh = reinterpret_cast<T*>(small_getrf_shared) + (long long)(threadIdx.x >> 5) * ld * n;  // this warp's
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     const int kk = m < n ? m : n;
-    const bool mine = lane < m;
     for (long long b = warp; b < nbatch; b += nwarps) {  // uniform per warp: full-mask shuffles are safe
         T* a = s + b * (long long)m * n;
-        for (int c = 0; c < n; ++c) sh[c * 32 + lane] = mine ? a[(long long)c * m + lane] : T(0);
+        for (int c = 0; c < n; ++c) {
+            for (int r = lane; r < m; r += 32) sh[c * ld + r] = a[(long long)c * m + r];
+        }
         __syncwarp();
         int first_zero = 0;
         for (int k = 0; k < kk; ++k) {
+            T* col = sh + k * ld;
             int p = k;
             if (pivot) {
-                p = warp_pivot<R>(abs1(sh[k * 32 + lane]), lane, k, m);
+                p = warp_pivot<T>(col, lane, k, m);
                 if (p != k) {  // uniform: every lane got the same p
                     for (int c = lane; c < n; c += 32) {
-                        const T t = sh[c * 32 + k];
-                        sh[c * 32 + k] = sh[c * 32 + p];
-                        sh[c * 32 + p] = t;
+                        const T t = sh[c * ld + k];
+                        sh[c * ld + k] = sh[c * ld + p];
+                        sh[c * ld + p] = t;
                     }
-                    __syncwarp();
                 }
+                __syncwarp();  // the swapped rows, and every lane's reads of the column, before it changes
             }
             if (lane == 0) piv[b * kk + k] = p + 1;  // LAPACK's 1-based pivots, out
-            const T d = sh[k * 32 + k];
+            const T d = col[k];
             if (d == T(0)) {
                 if (first_zero == 0) first_zero = k + 1;
-            } else if (mine && lane > k) {
-                sh[k * 32 + lane] = sh[k * 32 + lane] * (T(1) / d);
             }
-            if (mine && lane > k) {
-                const T l = sh[k * 32 + lane];
+            const int r0 = k + 1 + ((lane - k - 1) & 31);  // this lane's first row below the diagonal
+            if (d != T(0)) {
+                const T inv = T(1) / d;
+                for (int r = r0; r < m; r += 32) col[r] = col[r] * inv;
+            }
+            for (int r = r0; r < m; r += 32) {
+                const T l = col[r];
                 for (int c = k + 1; c < n; ++c) {
-                    const T u = sh[c * 32 + k];  // the pivot row: same address on every lane
-                    if (u != T(0)) sh[c * 32 + lane] -= l * u;
+                    const T u = sh[c * ld + k];  // the pivot row: same address on every lane
+                    if (u != T(0)) sh[c * ld + r] -= l * u;
                 }
             }
             __syncwarp();
         }
-        if (mine) {
-            for (int c = 0; c < n; ++c) a[(long long)c * m + lane] = sh[c * 32 + lane];
+        for (int c = 0; c < n; ++c) {
+            for (int r = lane; r < m; r += 32) a[(long long)c * m + r] = sh[c * ld + r];
         }
         if (lane == 0) info[b] = first_zero;
         __syncwarp();

@@ -19,15 +19,22 @@ cp = pytest.importorskip("cupy")
 
 DOUBLE = (np.float64, np.complex128)
 BOUNDARY_SHAPES = [(5, 31, 31), (5, 32, 32), (5, 33, 33), (3, 32, 20), (3, 20, 32), (2, 33, 5), (4, 1, 32)]
+# Rectangular matrices our kernel takes when they fit in a warp's shared memory (rows wrap around the
+# lanes; complex128 64 x 48 is exactly 48 KiB, 64 x 49 goes to cuSOLVER), and ones too large for it.
+RECTANGULAR_SHAPES = [(40, 100, 20), (6, 20, 100), (5, 64, 48), (5, 64, 49), (2, 300, 100), (2, 100, 300)]
 LIBRARY_SHAPES = [(64, 40, 40), (3, 200, 200), (1, 300, 300), (3, 40, 70), (2, 70, 40)]
 
 
-def _own_kernel(shape) -> bool:
-    return max(shape[-2:]) <= 32
+def _own_kernel(shape, dtype) -> bool:
+    from lu_core._gpu._factor import own_kernel
+
+    return own_kernel(*shape[-2:], np.dtype(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [*FACTOR_SHAPES, *BOUNDARY_SHAPES, *LIBRARY_SHAPES, (3000, 8, 8)], ids=str)
+@pytest.mark.parametrize(
+    "shape", [*FACTOR_SHAPES, *BOUNDARY_SHAPES, *RECTANGULAR_SHAPES, *LIBRARY_SHAPES, (3000, 8, 8)], ids=str
+)
 def test_factor_and_unpack(rng, shape, dtype):
     A = random_matrix(rng, shape, dtype)
     LU_g, piv_g, info_g = lu_core.lu_factor_ex(cp.asarray(A))
@@ -39,34 +46,38 @@ def test_factor_and_unpack(rng, shape, dtype):
     np.testing.assert_array_equal(cp.asnumpy(info_g), info_c)
     # LAPACK's pivots wherever the measure is documented: our kernel (all dtypes' |re|+|im|),
     # cuSOLVER and real cuBLAS; complex getrfBatched's measure is not documented.
-    if np.dtype(dtype) in (np.float64, np.complex128) and (_own_kernel(shape) or dtype == np.float64):
+    if np.dtype(dtype) in (np.float64, np.complex128) and (_own_kernel(shape, dtype) or dtype == np.float64):
         np.testing.assert_array_equal(cp.asnumpy(piv_g), piv_c)
         assert_close(cp.asnumpy(LU_g), LU_c, dtype, max(m, n))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [3, 16, 32])
-def test_small_kernel_ties_follow_lapack(n, dtype):
+@pytest.mark.parametrize("shape", [(3, 3), (16, 16), (32, 32), (100, 20), (20, 90), (64, 33)], ids=str)
+def test_small_kernel_ties_follow_lapack(shape, dtype):
     """Integer entries make many equal magnitudes: the first one wins, as in LAPACK.
 
-    The first step's ties are exact on any device. Later ones depend on rounding:
-    the small kernel rounds like the CPU kernels (no FMA), so for real dtypes all
-    pivots must agree; complex division may round differently in the last bit, so
-    for complex dtypes only the first step is compared exactly."""
-    A = np.random.default_rng(n).integers(-2, 3, size=(200, n, n)).astype(dtype)
+    The first step's ties are exact on any device (with more than 32 rows, they wrap
+    around the warp's lanes). Later ones depend on rounding: the small kernel rounds
+    like the CPU kernels (no FMA), so for real dtypes up to 32 x 32 (where the CPU
+    runs its own getf2-order kernel too) all pivots must agree; complex division may
+    round differently in the last bit, and larger CPU factorizations may be blocked,
+    so elsewhere only the first step is compared exactly."""
+    m, n = shape
+    A = np.random.default_rng(m * n).integers(-2, 3, size=(200, m, n)).astype(dtype)
     if np.dtype(dtype).kind == "c":
-        A = A + 1j * np.random.default_rng(n + 1).integers(-2, 3, size=A.shape)
+        A = A + 1j * np.random.default_rng(m * n + 1).integers(-2, 3, size=A.shape)
         A = A.astype(dtype)
+    assert _own_kernel(A.shape, dtype)
     LU_g, piv_g, info_g = lu_core.lu_factor_ex(cp.asarray(A))
     LU_c, piv_c, info_c = lu_core.lu_factor_ex(A)
     piv_g = cp.asnumpy(piv_g)
     np.testing.assert_array_equal(piv_g[:, 0], piv_c[:, 0])
-    if np.dtype(dtype).kind == "f":
+    if np.dtype(dtype).kind == "f" and max(m, n) <= 32:
         np.testing.assert_array_equal(piv_g, piv_c)
         np.testing.assert_array_equal(cp.asnumpy(info_g), info_c)
         assert_close(cp.asnumpy(LU_g), LU_c, dtype, n, scale=max(1.0, float(np.abs(LU_c).max())))
     P, L, U = (cp.asnumpy(x) for x in lu_core.lu_unpack(LU_g, cp.asarray(piv_g)))
-    assert_close(P @ L @ U, A, dtype, n, scale=max(1.0, float(np.abs(A).max())))
+    assert_close(P @ L @ U, A, dtype, max(m, n), scale=max(1.0, float(np.abs(A).max())))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

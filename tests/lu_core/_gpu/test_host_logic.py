@@ -4,7 +4,9 @@
   formula (kernels.cu) on NumPy memory gives the broadcast right-hand sides.
 * ``getrf_batched_wins``: PyTorch's cuBLAS / cuSOLVER crossover, at its edges.
 * the warp pivot search of small_lu.cu (``warp_pivot``), replayed lane by lane
-  with XOR-butterfly shuffles, picks LAPACK's pivot (first largest, NaN rules).
+  with XOR-butterfly shuffles, picks LAPACK's pivot (first largest, NaN rules),
+  for a warp's 32 rows and for matrices whose rows wrap around the lanes.
+* ``own_kernel``: which matrices our warp-per-matrix kernel factors.
 
 These replay the formulas, not the CUDA code; the kernels themselves run in
 the ``gpu`` tests (test_gpu_parity.py) on a device.
@@ -80,14 +82,18 @@ def test_getrf_batched_heuristic_is_pytorchs():
 
 
 def _warp_pivot_replay(mag: np.ndarray, k: int, m: int) -> int:
-    """small_lu.cu's warp_pivot, lane by lane: 32 lanes, XOR butterfly over (value, index)."""
-    lanes = np.arange(32)
-    mags = np.full(32, 0.0)
-    mags[: len(mag)] = mag
-    if np.isnan(mags[k]):
+    """small_lu.cu's warp_pivot, lane by lane: lane i scans its rows i, i + 32, ... from k (strictly
+    larger wins), then the XOR butterfly over (value, index) across the 32 lanes."""
+    if np.isnan(mag[k]):
         return k
-    v = np.where((lanes >= k) & (lanes < m) & ~np.isnan(mags), mags, -1.0)
-    idx = lanes.copy()
+    lanes = np.arange(32)
+    v, idx = np.full(32, -1.0), np.full(32, m)
+    for lane in lanes:
+        r = k + ((lane - k) & 31)  # the kernel's first row of this lane at or after k
+        while r < m:
+            if mag[r] > v[lane]:  # False for NaN
+                v[lane], idx[lane] = mag[r], r
+            r += 32
     off = 16
     while off:
         ov, oi = v[lanes ^ off], idx[lanes ^ off]
@@ -110,10 +116,24 @@ def _idamax_from(mag: np.ndarray, k: int, m: int) -> int:
 def test_warp_pivot_is_lapacks_choice():
     rng = np.random.default_rng(11)
     for _ in range(3000):
-        m = int(rng.integers(1, 33))
+        m = int(rng.integers(1, 33)) if rng.random() < 0.5 else int(rng.integers(33, 200))  # rows over lanes
         k = int(rng.integers(0, m))
         mag = rng.integers(0, 4, size=m).astype(float)  # many ties
         special = rng.random(m)
         mag[special < 0.08] = np.nan
         mag[special > 0.95] = np.inf
         assert _warp_pivot_replay(mag, k, m) == _idamax_from(mag, k, m), (mag, k, m)
+
+
+def test_own_kernel_takes_what_fits_in_a_warps_shared_memory():
+    from lu_core._gpu._factor import own_kernel
+
+    f4, f8, c16 = np.dtype("f4"), np.dtype("f8"), np.dtype("c16")
+    # Square: up to SMALL_FACTOR_MAX_N, above it the libraries (getrfBatched / cuSOLVER).
+    assert own_kernel(32, 32, c16) and not own_kernel(33, 33, f4)
+    # Rectangular: whenever 32-row-rounded m x n fits in 48 KiB.
+    assert own_kernel(33, 5, c16) and own_kernel(1, 32, f8) and own_kernel(64, 48, c16)  # 64*48*16 = 48 KiB
+    assert not own_kernel(64, 49, c16) and own_kernel(64, 49, f8)
+    assert own_kernel(128, 48, f8) and not own_kernel(128, 49, f8) and own_kernel(128, 96, f4)
+    assert own_kernel(2, 384, f4) and not own_kernel(2, 385, f4)  # 2 rows take a warp's 32
+    assert not own_kernel(300, 100, f4)
