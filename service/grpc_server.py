@@ -29,6 +29,7 @@ from service.context import choose_request_id, request_id_var
 from service.errors import ServiceError, from_core, unavailable
 from service.footprint import body_bytes
 from service.grpc_codec import decode_infer_request, encode_infer_response
+from service.logs import ACCESS, log_access
 from service.metadata import VERSION, find_model, model_metadata, server_metadata
 from service.pipeline import compute
 from service.transport import offload
@@ -36,7 +37,6 @@ from service.transport import offload
 __all__ = ["GRPC_STATUS", "GrpcServer", "grpc_status"]
 
 log = logging.getLogger("service.grpc")
-access_log = logging.getLogger("service.access")
 
 Code = grpc.StatusCode
 
@@ -191,13 +191,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             path, size = f"/{SERVICE}/{method}", request.ByteSize()
             metrics.in_flight.dec()
             metrics.observe_request(path, "gRPC", status, seconds, size, out)
-            access_log.info(
-                "gRPC %s %s",
-                method,
-                status,
-                extra={"method": "gRPC", "path": path, "status": status, "duration_ms": round(seconds * 1000, 3),
-                       "bytes_in": size, "bytes_out": out},
-            )  # fmt: skip
+            if ACCESS.isEnabledFor(logging.INFO):
+                log_access(
+                    f"gRPC {method} {status}",
+                    {"method": "gRPC", "path": path, "status": status, "duration_ms": round(seconds * 1000, 3),
+                     "bytes_in": size, "bytes_out": out},
+                )  # fmt: skip
             request_id_var.reset(token)
 
 

@@ -34,12 +34,12 @@ from service.config import Settings
 from service.context import choose_request_id, request_id_var
 from service.errors import ServiceError, bad_request, error_response, too_large
 from service.footprint import body_bytes
+from service.logs import ACCESS, log_access
 from service.metrics import Metrics
 from service.protocol import BODY_SINK
 
 __all__ = ["CLIENT_CLOSED", "RequestMiddleware", "reservation_of"]
 
-log = logging.getLogger("service.access")
 errors_log = logging.getLogger("service.errors")
 CLIENT_CLOSED = 499
 _RESERVATION = "lu.reservation"
@@ -143,17 +143,15 @@ class RequestMiddleware:
         self.metrics.observe_request(
             endpoint, scope["method"], str(state["status"]), seconds, state["in"], state["out"]
         )
-        if not log.isEnabledFor(logging.INFO):  # LU_LOG_LEVEL above info: not even the record's fields
+        if not ACCESS.isEnabledFor(logging.INFO):  # LU_LOG_LEVEL above info: not even the record's fields
             return
-        log.info(
-            "%s %s %d",
-            scope["method"],
-            scope["path"],
-            state["status"],
-            extra={
-                "method": scope["method"],
-                "path": scope["path"],
-                "status": state["status"],
+        method, path, status = scope["method"], scope["path"], state["status"]
+        log_access(
+            f"{method} {path} {status}",
+            {
+                "method": method,
+                "path": path,
+                "status": status,
                 "duration_ms": round(seconds * 1000, 3),
                 "bytes_in": state["in"],
                 "bytes_out": state["out"],

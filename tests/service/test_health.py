@@ -93,6 +93,49 @@ async def test_access_log_lines_are_json_with_the_request_id(client, capsys, mon
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", access["ts"]), access["ts"]
 
 
+async def test_access_lines_skip_logging_only_while_nothing_else_would_see_them(client, capsys, monkeypatch):
+    """The access log's direct line (service.logs._AccessLines) is the line logging would write; while
+    another handler or filter is in the way (a caplog, an application's own), records go through logging."""
+    from service import logs
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    for flag in ("_srcfile", "logThreads", "logProcesses", "logMultiprocessing", "logAsyncioTasks"):
+        if hasattr(logging, flag):
+            monkeypatch.setattr(logging, flag, getattr(logging, flag))
+    monkeypatch.setattr(logs, "_lines", None)
+    seen: list[logging.LogRecord] = []
+
+    class Spy(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    spy = Spy()
+    configure_logging("info", json_lines=True)
+    try:
+        assert logs._lines is not None and logs._lines.usable()
+        await client.get("/healthz", headers={"x-request-id": "direct"})
+        logs.ACCESS.addHandler(spy)
+        assert not logs._lines.usable()
+        await client.get("/healthz", headers={"x-request-id": "through-logging"})
+        logs.ACCESS.removeHandler(spy)
+        root.addHandler(spy)
+        assert not logs._lines.usable()
+        root.removeHandler(spy)
+        assert logs._lines.usable()
+    finally:
+        logs.ACCESS.removeHandler(spy)
+        root.handlers[:], _ = saved[0], root.setLevel(saved[1])
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines() if line.startswith("{")]
+    direct = next(x for x in lines if x.get("request_id") == "direct")
+    logged = next(x for x in lines if x.get("request_id") == "through-logging")
+    assert list(direct) == list(logged)  # the same fields, in the same order
+    for key in ("ts", "request_id", "duration_ms"):
+        direct.pop(key), logged.pop(key)
+    assert direct == logged and direct["msg"] == "GET /healthz 200" and direct["logger"] == "service.access"
+    assert [r.getMessage() for r in seen] == ["GET /healthz 200"] and seen[0].request_id == "through-logging"
+
+
 def test_settings_come_from_lu_environment(monkeypatch):
     monkeypatch.setenv("LU_PORT", "9001")
     monkeypatch.setenv("LU_MAX_REQUEST_BYTES", "1234")
