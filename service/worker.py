@@ -355,19 +355,23 @@ class DeviceWorker:
         if not jobs:
             return None
         self._metrics.queue_wait.observe_many([start - job.queued_at for job in jobs])
+
+        def busy() -> float:  # this job's time so far, less the time spent landing the one before
+            return time.perf_counter() - start - (self._landing_s[0] - landed_before)
+
         try:
             flight = self._with_room(lambda: self._upload(jobs))
         except Exception as exc:
             self._land()
-            self._fail(jobs, exc, settled)
+            self._fail(jobs, exc, settled, busy())
             return None
         self._land()  # the upload above runs on the device while the last job's answer comes back
         try:
             flight.launched.compute()  # nothing in flight now: out of memory here is this job's
         except Exception as exc:
-            self._fail(jobs, exc, settled)
+            self._fail(jobs, exc, settled, busy())
             return None
-        flight.busy_s = time.perf_counter() - start - (self._landing_s[0] - landed_before)
+        flight.busy_s = busy()
         return flight
 
     def _upload(self, jobs: list[_Job]) -> _InFlight:
@@ -388,12 +392,13 @@ class DeviceWorker:
         self._land()
         return step()
 
-    def _fail(self, jobs: list[_Job], exc: Exception, settled: list[tuple[_Job, bool, Any]]) -> None:
-        """A call failed: a lone job gets the error; merged jobs run each alone (a singular system with
-        check_errors, memory), so that every failure is answered to its own request, with its own batch
-        indices."""
+    def _fail(self, jobs: list[_Job], exc: Exception, settled: list[tuple[_Job, bool, Any]], busy_s: float) -> None:
+        """A call failed after ``busy_s`` seconds: a lone job gets the error (its time counted, as for a job
+        that succeeds); merged jobs run each alone (a singular system with check_errors, memory), so that
+        every failure is answered to its own request, with its own batch indices."""
         if len(jobs) == 1:
             self._metrics.batch_size.observe(1)
+            self._compute_seconds(jobs[0].name).observe(busy_s)
             settled.append((jobs[0], False, self._translate(exc)))
             return
         for job in jobs:
@@ -412,7 +417,7 @@ class DeviceWorker:
                 settled.extend((job, True, answer) for job, answer in zip(flight.jobs, answers, strict=True))
             except Exception as exc:
                 settled.clear()
-                self._fail(flight.jobs, exc, settled)
+                self._fail(flight.jobs, exc, settled, flight.busy_s + time.perf_counter() - wall)
             else:
                 self._metrics.batch_size.observe(len(flight.jobs))
                 busy = flight.busy_s + time.perf_counter() - wall
@@ -470,7 +475,7 @@ class DeviceWorker:
             launched.compute()
             answers = split(launched.result())
         except Exception as exc:  # a singular system (check_errors) or memory: each alone
-            self._fail(jobs, exc, settled)
+            self._fail(jobs, exc, settled, time.perf_counter() - start)
             return
         self._metrics.batch_size.observe(len(jobs))
         self._compute_seconds(jobs[0].name).observe(time.perf_counter() - start)

@@ -192,6 +192,36 @@ def test_a_failed_collect_of_one_job_is_that_requests_error():
     _scenario(device, body)
 
 
+def _compute_calls(metrics: Metrics) -> float:
+    """lu_compute_seconds' count, all operations and devices."""
+    return sum(s.value for s in metrics.compute_seconds.collect()[0].samples if s.name.endswith("_count"))
+
+
+# (On the CPU a job is collected within its compute: no collect of its own to fail.)
+@pytest.mark.parametrize(("overlaps", "where"), [(False, "compute"), (True, "compute"), (True, "collect")])
+def test_a_lone_job_that_fails_counts_its_compute_time(overlaps, where):
+    """lu_compute_seconds counts every call a request made, answered or not, on both of the worker's
+    paths (a job that fails in compute: a singular system; one whose collect fails: the GPU's download)."""
+    device = OverlappingDevice() if overlaps else CpuDevice()
+    if where == "collect":
+        device.fail_result = [1.0]
+    tensors = {"A": np.zeros((2, 2)), "B": np.ones(2)} if where == "compute" else _tensors(1.0)
+    metrics = Metrics("cpu", "test")
+
+    async def main() -> None:
+        worker = DeviceWorker(device, metrics, max_queue=16, retry_after_s=1)
+        worker.start()
+        try:
+            done = worker.submit("solve", SOLVE.compute, tensors, dict(SOLVE.options))
+            (error,) = await asyncio.wait_for(asyncio.gather(done, return_exceptions=True), 10)
+        finally:
+            await asyncio.to_thread(worker.stop, 10)
+        assert type(error).__name__ == ("SingularMatrixError" if where == "compute" else "RuntimeError")
+
+    asyncio.run(main())
+    assert _compute_calls(metrics) == 1
+
+
 def test_an_error_in_compute_is_that_requests_alone():
     device = OverlappingDevice()
 
