@@ -4,7 +4,8 @@
 
 Times every routine the dispatch can pick on the same data, with CUDA events
 (medians after warm-up): for the factorization our warp-per-matrix kernel,
-cuBLAS ``getrfBatched`` and a cuSOLVER ``getrf`` per matrix; for the solve our
+cuBLAS ``getrfBatched`` and a cuSOLVER ``getrf`` per matrix (rectangular
+batches: our kernel and cuSOLVER, first); for the solve our
 warp-per-vector kernel, cuBLAS ``getrsBatched`` and ``trsmBatched``. Writes
 ``DIR/calibrate-gpu-<device>.md`` (every time, and the fastest routine per case)
 and prints the suggested table entries. Where CUDA sees no device it says so and
@@ -24,6 +25,9 @@ from collections.abc import Callable, Iterator
 from bench.core_gpu import _cuda_time, available, seconds_budget
 
 FACTOR_N = (4, 8, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
+#: Rectangular (m, n) for RECT_FACTOR_MAX_BYTES: float64 16, 48, 96, 128 and 192 KiB a matrix (float32 half).
+RECT_SHAPES = ((64, 32), (128, 48), (128, 96), (256, 64), (192, 128))
+RECT_BATCH = (16, 512)
 FACTOR_BATCH = (2, 8, 64, 512, 4096, 32768)
 SOLVE_N = (8, 16, 32, 48, 64, 96, 128, 256)
 SOLVE_NRHS = (1, 2, 4, 16, 64)
@@ -56,6 +60,18 @@ def _factor_paths(n: int, dtype: str) -> dict[str, dict[str, object]]:
     }
     if _warp_bytes(n, n, dtype) <= _SHARED_BYTES:  # our kernel takes any square matrix a warp can hold
         paths["own"] = {"SMALL_FACTOR_MAX_N": n}
+    return paths
+
+
+def _rect_paths(m: int, n: int, dtype: str) -> dict[str, dict[str, object]]:
+    import cupy as cp
+
+    from lu_core._gpu._factor import _SHARED_BYTES, _device_optin, _warp_bytes
+
+    paths: dict[str, dict[str, object]] = {"cusolver": {"RECT_FACTOR_MAX_BYTES": 0}}
+    need = _warp_bytes(m, n, cp.dtype(dtype))
+    if need <= max(_SHARED_BYTES, _device_optin()):
+        paths["own"] = {"RECT_FACTOR_MAX_BYTES": need}
     return paths
 
 
@@ -93,10 +109,23 @@ def measure(
     def more() -> bool:
         return seconds is None or time.perf_counter() - start < seconds
 
+    from lu_core._gpu._factor import _warp_bytes
+
     rng = cp.random.default_rng(0)
     repeats = 3 if quick else 10
     factor_rows, solve_rows = [], []
     dtypes = DTYPES[:2] if quick else DTYPES
+    # Rectangular batches first (cuSOLVER's side is a call per matrix: few repeats), real dtypes.
+    for dtype in DTYPES[:2]:
+        for m, n in RECT_SHAPES[:2] if quick else RECT_SHAPES:
+            for batch in RECT_BATCH:
+                if not more():
+                    continue
+                A = rng.standard_normal((batch, m, n)).astype(dtype)
+                times = _time_paths(_rect_paths(m, n, dtype), lambda A=A: lu_core.lu_factor_ex(A), 3)
+                kib = _warp_bytes(m, n, cp.dtype(dtype)) // 1024
+                factor_rows.append({"dtype": dtype, "m": m, "n": n, "batch": batch, "KiB": kib, **times})
+                progress(f"factor {dtype} {m}x{n} batch={batch}: {times}")
     for dtype in dtypes:
         for n in FACTOR_N[:6] if quick else FACTOR_N:
             for batch in FACTOR_BATCH[:3] if quick else FACTOR_BATCH:
@@ -127,7 +156,15 @@ def _best(row: dict, keys: tuple[str, ...]) -> str:
 
 
 def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object]:
-    """Table entries the measurements support (the largest n where a path still wins)."""
+    """Table entries the measurements support (the largest n where a path still wins; for rectangular
+    matrices the largest size in shared memory up to which our kernel wins every case)."""
+    rect = sorted((r for r in factor_rows if "m" in r), key=lambda r: r["KiB"])
+    factor_rows = [r for r in factor_rows if "m" not in r]
+    rect_kib = 0
+    for r in rect:
+        if _best(r, ("own", "cusolver")) != "own":
+            break
+        rect_kib = r["KiB"]
     own_factor = [r["n"] for r in factor_rows if "own" in r and _best(r, ("own", "getrfBatched", "cusolver")) == "own"]
     own_solve = [r["n"] for r in solve_rows if "own" in r and _best(r, ("own", "getrsBatched", "trsmBatched")) == "own"]
     getrs = [r for r in solve_rows if r["n"] > 32 and _best(r, ("getrsBatched", "trsmBatched")) == "getrsBatched"]
@@ -139,6 +176,7 @@ def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object
     return {
         "SMALL_FACTOR_MAX_N": max(own_factor, default=0),
         "SMALL_SOLVE_MAX_N": max(own_solve, default=0),
+        "RECT_FACTOR_MAX_BYTES": rect_kib * 1024,
         "GETRS_BATCHED_MAX_N": max((r["n"] for r in getrs), default=0),
         "GETRS_BATCHED_MAX_NRHS": max((r["nrhs"] for r in getrs), default=0),
         "getrfBatched largest winning n per (dtype, batch)": dict(sorted(crossovers.items())),
@@ -167,7 +205,11 @@ def report(device: str, factor_rows: list[dict], solve_rows: list[dict], suggest
         "",
         "## lu_factor",
         "",
-        *_table(factor_rows, ("dtype", "n", "batch"), ("own", "getrfBatched", "cusolver")),
+        *_table([r for r in factor_rows if "m" not in r], ("dtype", "n", "batch"), ("own", "getrfBatched", "cusolver")),
+        "",
+        "## lu_factor, rectangular (KiB: one matrix in shared memory)",
+        "",
+        *_table([r for r in factor_rows if "m" in r], ("dtype", "m", "n", "batch", "KiB"), ("own", "cusolver")),
         "",
         "## lu_solve",
         "",

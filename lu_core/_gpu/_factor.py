@@ -2,14 +2,15 @@
 
 * our warp-per-matrix kernel (``small_lu.cu``), any batch, with or without
   pivoting, one launch: square matrices up to ``SMALL_FACTOR_MAX_N`` (32), and
-  rectangular ones of any size whose matrix fits in a warp's 48 KiB of shared
-  memory (``own_kernel``; e.g. 64 x 40 in complex128, 128 x 48 in float64),
-  which the libraries would factor with a call per matrix.
+  rectangular ones, which the libraries would factor with a call per matrix,
+  whose matrix fits in a warp's shared memory (``own_kernel``): 48 KiB for any
+  batch (e.g. 64 x 48 in complex128, 128 x 48 in float64), up to
+  ``RECT_FACTOR_MAX_BYTES`` (96 KiB, opted in) for batches of more than one.
 * square batches where PyTorch's heuristic prefers it: cuBLAS ``getrfBatched``,
   one call for the whole batch.
-* otherwise (one matrix, or rectangular matrices too large for shared memory,
-  where a library call each is noise): cuSOLVER ``getrf`` per matrix, as
-  PyTorch does.
+* otherwise (one matrix, or rectangular matrices too large for our kernel,
+  where a library call each is a small share of the time): cuSOLVER ``getrf``
+  per matrix, as PyTorch does.
 
 Pivots: the small kernel and cuSOLVER choose LAPACK's pivot (first entry of
 largest ``|re| + |im|``). cuBLAS ``getrfBatched`` does not document its
@@ -26,7 +27,9 @@ Nothing here waits for the device: ``info`` stays on it.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 import cupy as cp
 import numpy as np
@@ -35,6 +38,17 @@ from lu_core._gpu import _libs, _sources, _tuning
 from lu_core._gpu._libs import cublas, cusolver
 
 _SHARED_BYTES = 48 * 1024  # dynamic shared memory a block may use without opting in
+
+
+@functools.cache
+def _shared_optin(device_id: int) -> int:
+    """The most dynamic shared memory one block may opt in to on the device (227 KiB on an H100)."""
+    rt = cp.cuda.runtime
+    return int(rt.deviceGetAttribute(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin, device_id))
+
+
+def _device_optin() -> int:
+    return _shared_optin(cp.cuda.Device().id)
 
 
 def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp.ndarray]:
@@ -46,7 +60,7 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
     piv = cp.empty((nb, k), dtype=cp.int32)
     info = cp.zeros(nb, dtype=cp.int32)
     if nb and k:
-        if own_kernel(m, n, dt):
+        if own_kernel(m, n, dt, nb, _device_optin):
             _small(s, piv, info, m, n, pivot)
         else:
             _libs.check_int32("A", m, n)
@@ -69,12 +83,19 @@ def _warp_bytes(m: int, n: int, dtype: np.dtype) -> int:
     return -(-m // _sources.WARP) * _sources.WARP * n * np.dtype(dtype).itemsize
 
 
-def own_kernel(m: int, n: int, dtype: np.dtype) -> bool:
-    """Whether our warp-per-matrix kernel factors ``m x n`` matrices: square ones up to
-    ``SMALL_FACTOR_MAX_N``, rectangular ones whenever a warp's shared memory holds one."""
-    if _warp_bytes(m, n, dtype) > _SHARED_BYTES:
-        return False
-    return m != n or n <= _tuning.SMALL_FACTOR_MAX_N
+def own_kernel(
+    m: int, n: int, dtype: np.dtype, batch: int = 2, optin: Callable[[], int] = lambda: _SHARED_BYTES
+) -> bool:
+    """Whether our warp-per-matrix kernel factors ``batch`` ``m x n`` matrices: square ones up to
+    ``SMALL_FACTOR_MAX_N``; rectangular ones up to ``RECT_FACTOR_MAX_BYTES`` of shared memory each, above
+    48 KiB only for more than one matrix and up to ``optin()``, the device's limit for one block."""
+    need = _warp_bytes(m, n, dtype)
+    if m == n:
+        return n <= _tuning.SMALL_FACTOR_MAX_N and need <= _SHARED_BYTES
+    limit = _tuning.RECT_FACTOR_MAX_BYTES
+    if need <= min(limit, _SHARED_BYTES):
+        return True
+    return batch > 1 and need <= limit and need <= optin()
 
 
 def _small(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, m: int, n: int, pivot: bool) -> None:
@@ -82,6 +103,8 @@ def _small(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, m: int, n: int, piv
     per_warp = _warp_bytes(m, n, s.dtype)  # each warp's matrix in shared memory
     warps = max(1, min(_tuning.SMALL_BLOCK // _sources.WARP, _SHARED_BYTES // per_warp))
     fn = _sources.kernel("small_lu.cu", f"small_getrf<{_sources.CTYPE[s.dtype]}>")
+    if per_warp > _SHARED_BYTES and fn.max_dynamic_shared_size_bytes < per_warp:
+        fn.max_dynamic_shared_size_bytes = per_warp  # opt in (own_kernel checked the device allows it)
     fn(
         _libs.grid(nb, warps),
         (warps * _sources.WARP,),

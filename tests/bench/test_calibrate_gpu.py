@@ -42,12 +42,21 @@ def test_suggestions_follow_the_fastest_path():
         {"dtype": "float64", "n": 64, "batch": 8, "nrhs": 2, "getrsBatched": 1.0, "trsmBatched": 3.0},
         {"dtype": "float64", "n": 96, "batch": 8, "nrhs": 16, "getrsBatched": 5.0, "trsmBatched": 3.0},
     ]
-    s = calibrate_gpu.suggest(factor, solve)
+    rect = [
+        {"dtype": "float64", "m": 128, "n": 96, "batch": 16, "KiB": 96, "own": 1.0, "cusolver": 2.0},
+        {"dtype": "float64", "m": 64, "n": 32, "batch": 512, "KiB": 16, "own": 1.0, "cusolver": 9.0},
+        {"dtype": "float64", "m": 128, "n": 48, "batch": 16, "KiB": 48, "own": 1.0, "cusolver": 2.0},
+        {"dtype": "float32", "m": 128, "n": 96, "batch": 16, "KiB": 48, "own": 1.0, "cusolver": 2.0},
+        {"dtype": "float64", "m": 256, "n": 64, "batch": 16, "KiB": 64, "own": 3.0, "cusolver": 2.0},
+    ]
+    assert calibrate_gpu.suggest(rect, [])["RECT_FACTOR_MAX_BYTES"] == 48 * 1024  # up to the first loss
+    s = calibrate_gpu.suggest(factor + rect, solve)
     assert s["SMALL_FACTOR_MAX_N"] == 16 and s["SMALL_SOLVE_MAX_N"] == 8
     assert s["GETRS_BATCHED_MAX_N"] == 64 and s["GETRS_BATCHED_MAX_NRHS"] == 2
     assert s["getrfBatched largest winning n per (dtype, batch)"] == {("float64", 64): 64}
-    text = calibrate_gpu.report("Test GPU", factor, solve, s)
+    text = calibrate_gpu.report("Test GPU", factor + rect, solve, s)
     assert "| float64 | 512 | 64 |  | 9000.000 | 2000.000 | cusolver |" in text
+    assert "| float64 | 256 | 64 | 16 | 64 | 3000.000 | 2000.000 | cusolver |" in text
 
 
 @pytest.mark.gpu

@@ -20,15 +20,20 @@ cp = pytest.importorskip("cupy")
 DOUBLE = (np.float64, np.complex128)
 BOUNDARY_SHAPES = [(5, 31, 31), (5, 32, 32), (5, 33, 33), (3, 32, 20), (3, 20, 32), (2, 33, 5), (4, 1, 32)]
 # Rectangular matrices our kernel takes when they fit in a warp's shared memory (rows wrap around the
-# lanes; complex128 64 x 48 is exactly 48 KiB, 64 x 49 goes to cuSOLVER), and ones too large for it.
-RECTANGULAR_SHAPES = [(40, 100, 20), (6, 20, 100), (5, 64, 48), (5, 64, 49), (2, 300, 100), (2, 100, 300)]
+# lanes; complex128 64 x 48 is exactly 48 KiB; 64 x 49 needs the opt-in above 48 KiB, a batch of one
+# goes to cuSOLVER; 128 x 96 is 96 KiB in float64 and complex64, 192 KiB in complex128: cuSOLVER), and
+# ones too large for it.
+RECTANGULAR_SHAPES = [
+    (40, 100, 20), (6, 20, 100), (5, 64, 48), (5, 64, 49), (1, 64, 49), (6, 128, 96), (1, 128, 96), (2, 300, 100),
+    (2, 100, 300),
+]  # fmt: skip
 LIBRARY_SHAPES = [(64, 40, 40), (3, 200, 200), (1, 300, 300), (3, 40, 70), (2, 70, 40)]
 
 
 def _own_kernel(shape, dtype) -> bool:
-    from lu_core._gpu._factor import own_kernel
+    from lu_core._gpu._factor import _device_optin, own_kernel
 
-    return own_kernel(*shape[-2:], np.dtype(dtype))
+    return own_kernel(*shape[-2:], np.dtype(dtype), int(np.prod(shape[:-2])), _device_optin)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -137,3 +137,17 @@ def test_own_kernel_takes_what_fits_in_a_warps_shared_memory():
     assert own_kernel(128, 48, f8) and not own_kernel(128, 49, f8) and own_kernel(128, 96, f4)
     assert own_kernel(2, 384, f4) and not own_kernel(2, 385, f4)  # 2 rows take a warp's 32
     assert not own_kernel(300, 100, f4)
+    # Above 48 KiB (opted in): batches of more than one, up to RECT_FACTOR_MAX_BYTES and the device's limit.
+    h100 = lambda: 227 * 1024  # noqa: E731
+    assert own_kernel(128, 96, f8, 2, h100) and not own_kernel(128, 96, f8, 1, h100)  # 96 KiB
+    assert not own_kernel(128, 97, f8, 2, h100)  # over RECT_FACTOR_MAX_BYTES
+    assert not own_kernel(128, 96, f8, 2, lambda: 64 * 1024)  # over the device's limit
+    assert not own_kernel(33, 33, f4, 2, h100)  # squares: SMALL_FACTOR_MAX_N, never opted in
+
+
+def test_rect_factor_max_bytes_zero_sends_every_rectangular_batch_to_the_library(monkeypatch):
+    from lu_core._gpu._factor import own_kernel
+
+    monkeypatch.setattr(_tuning, "RECT_FACTOR_MAX_BYTES", 0)
+    assert not own_kernel(2, 3, np.dtype("f4")) and not own_kernel(33, 5, np.dtype("f8"), 10, lambda: 1 << 20)
+    assert own_kernel(32, 32, np.dtype("f8"))
