@@ -25,9 +25,10 @@ from collections.abc import Callable, Iterator
 from bench.core_gpu import _cuda_time, available, seconds_budget
 
 FACTOR_N = (4, 8, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
-#: Rectangular (m, n) for RECT_FACTOR_MAX_BYTES: float64 16, 48, 96, 128 and 192 KiB a matrix (float32 half).
-RECT_SHAPES = ((64, 32), (128, 48), (128, 96), (256, 64), (192, 128))
-RECT_BATCH = (16, 512)
+#: Rectangular (m, n) for RECT_FACTOR_MAX_BYTES: in float64 about 16, 48, 95, 128 and 190 KiB a matrix in
+#: shared memory ((m | 1) x n x 8; float32 half, complex128 double), alone and in batches.
+RECT_SHAPES = ((63, 32), (127, 48), (127, 96), (255, 64), (191, 128))
+RECT_BATCH = (1, 16, 512)
 FACTOR_BATCH = (2, 8, 64, 512, 4096, 32768)
 SOLVE_N = (8, 16, 32, 48, 64, 96, 128, 256)
 SOLVE_NRHS = (1, 2, 4, 16, 64)
@@ -115,8 +116,8 @@ def measure(
     repeats = 3 if quick else 10
     factor_rows, solve_rows = [], []
     dtypes = DTYPES[:2] if quick else DTYPES
-    # Rectangular batches first (cuSOLVER's side is a call per matrix: few repeats), real dtypes.
-    for dtype in DTYPES[:2]:
+    # Rectangular batches first (cuSOLVER's side is a call per matrix: few repeats).
+    for dtype in dtypes:
         for m, n in RECT_SHAPES[:2] if quick else RECT_SHAPES:
             for batch in RECT_BATCH:
                 if not more():
@@ -158,13 +159,16 @@ def _best(row: dict, keys: tuple[str, ...]) -> str:
 def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object]:
     """Table entries the measurements support (the largest n where a path still wins; for rectangular
     matrices the largest size in shared memory up to which our kernel wins every case)."""
-    rect = sorted((r for r in factor_rows if "m" in r), key=lambda r: r["KiB"])
+    rect: dict[int, list[dict]] = {}
+    for r in factor_rows:
+        if "m" in r:
+            rect.setdefault(r["KiB"], []).append(r)
     factor_rows = [r for r in factor_rows if "m" not in r]
     rect_kib = 0
-    for r in rect:
-        if _best(r, ("own", "cusolver")) != "own":
+    for kib in sorted(rect):  # up to the first size where our kernel loses a case (any dtype or batch)
+        if any(_best(r, ("own", "cusolver")) != "own" for r in rect[kib]):
             break
-        rect_kib = r["KiB"]
+        rect_kib = kib
     own_factor = [r["n"] for r in factor_rows if "own" in r and _best(r, ("own", "getrfBatched", "cusolver")) == "own"]
     own_solve = [r["n"] for r in solve_rows if "own" in r and _best(r, ("own", "getrsBatched", "trsmBatched")) == "own"]
     getrs = [r for r in solve_rows if r["n"] > 32 and _best(r, ("getrsBatched", "trsmBatched")) == "getrsBatched"]

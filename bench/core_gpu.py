@@ -40,7 +40,7 @@ DTYPES = ("float32", "float64")
 PEERS = ("torch", "cupyx")
 CUPYX_MAX_BATCH = 1000
 #: Rectangular batches (batch, m, n), measured before the square grid: tall and wide ones our kernel takes.
-RECT_CASES = ((1000, 100, 20), (1000, 20, 100), (10000, 64, 32))
+RECT_CASES = ((1000, 100, 20), (1000, 20, 100), (10000, 64, 32), (1000, 127, 96))
 
 
 def available() -> str | None:

@@ -14,10 +14,12 @@ batch shapes may differ (each job's batch is flattened, stacked, and restored
 on the way out). A job whose tensors broadcast against each other (an LU batch
 and a B batch of different shapes) runs alone.
 
-Answers are bit-identical to the job served alone: ``lu_core`` computes every
-matrix of a batch independently, by an algorithm chosen from the matrix's shape
-and dtype, never from the batch size (``tests/service/test_batching.py`` checks
-it for every operation and dtype, and ``tests/lu_core`` for the kernels). When
+Answers are bit-identical to the job served alone: on the CPU ``lu_core``
+computes every matrix of a batch independently, by an algorithm chosen from the
+matrix's shape and dtype, never from the batch size (``tests/service/test_batching.py``
+checks it for every operation and dtype, and ``tests/lu_core`` for the kernels);
+on a GPU only the jobs whose routine does not depend on the batch are merged
+(``service.device.gpu_merges``). When
 the merged call fails (a singular system with ``check_errors``, out of memory),
 each job is run alone, so every failure stays with its own request and indices.
 """
@@ -95,8 +97,9 @@ def _batch_shape(op: str, tensors: Mapping[str, np.ndarray]) -> tuple[int, ...] 
 
 
 def merge_key(job: BatchJob) -> Hashable | None:
-    """Jobs with equal keys can share one call; ``None`` for a job that must run alone."""
-    if job.name not in MERGEABLE:
+    """Jobs with equal keys can share one call; ``None`` for a job that must run alone (among them every
+    job its submitter gave no signature: see ``service.worker.DeviceWorker.submit``)."""
+    if job.name not in MERGEABLE or job.signature is None:
         return None
     batch = _batch_shape(job.name, job.tensors)
     if batch is None:

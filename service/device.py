@@ -63,6 +63,28 @@ Compute = Callable[[Mapping[str, Any], Mapping[str, bool]], dict[str, Any]]
 T = TypeVar("T")
 
 
+#: Operations whose GPU routines, for matrices our warp-per-matrix kernels take, compute each matrix
+#: the same whatever the batch: the factorization (``small_getrf``), the solve (``small_getrs``) and
+#: the unpacking (element-wise). Not ``det`` / ``slogdet``: their products and sums are CuPy reductions,
+#: whose order may follow the array's size.
+_GPU_MERGEABLE = frozenset({"lu_factor", "lu", "lu_unpack", "lu_solve", "solve"})
+
+
+def gpu_merges(name: str, tensors: Mapping[str, np.ndarray]) -> bool:
+    """On a GPU, merged answers are bit-identical to the job's alone only where ``lu_core`` runs our own
+    kernels, chosen from the matrix's size: above them cuBLAS ``getrfBatched`` or a cuSOLVER call per
+    matrix, and ``getrsBatched``, ``trsmBatched`` or cuSOLVER ``getrs``, are chosen from the batch count
+    (``lu_core/_gpu/_factor.py``, ``_solve.py``). Those jobs run alone."""
+    from lu_core._gpu import _tuning  # (plain Python: no CuPy import)
+
+    if name not in _GPU_MERGEABLE:
+        return False
+    matrix = tensors.get("A", tensors.get("LU"))
+    if matrix is None or matrix.ndim < 2:
+        return False
+    return max(matrix.shape[-2:]) <= min(_tuning.SMALL_FACTOR_MAX_N, _tuning.SMALL_SOLVE_MAX_N)
+
+
 class DeviceUnavailableError(RuntimeError):
     """``LU_DEVICE=gpu`` was asked for and no GPU is usable."""
 
@@ -192,6 +214,12 @@ class Device:
     #: before it collects this one's answer (transfers overlapped across requests). The CPU computes
     #: a job whole: collecting its answer later would only delay it.
     overlaps = False
+
+    def merges(self, name: str, tensors: Mapping[str, np.ndarray]) -> bool:
+        """Whether this job may be merged with others into one call (service.batcher): only where the
+        merged answer is bit-identical to the job's alone. On the CPU always: ``lu_core`` chooses every
+        routine from a matrix's shape and dtype, never from the batch."""
+        return True
 
     def run(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> dict[str, Any]:
         """Compute one job on the device; an allocation failure becomes 503 ``device_out_of_memory``."""
@@ -332,6 +360,9 @@ class GpuDevice(Device):
 
     kind = "gpu"
     overlaps = True
+
+    def merges(self, name: str, tensors: Mapping[str, np.ndarray]) -> bool:
+        return gpu_merges(name, tensors)
 
     def __init__(
         self,

@@ -193,7 +193,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             metrics.observe_request(path, "gRPC", status, seconds, size, out)
             if ACCESS.isEnabledFor(logging.INFO):
                 log_access(
-                    f"gRPC {method} {status}",
+                    "gRPC %s %s",
+                    (method, status),
                     {"method": "gRPC", "path": path, "status": status, "duration_ms": round(seconds * 1000, 3),
                      "bytes_in": size, "bytes_out": out},
                 )  # fmt: skip

@@ -18,17 +18,17 @@ _STANDARD = set(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "re
 
 
 class JsonFormatter(logging.Formatter):
-    _second = -1
-    _stamp = ""
+    _second: tuple[int, str] = (-1, "")  # one attribute, replaced whole: threads read it without a lock
 
     def timestamp(self, created: float) -> str:
         """ISO 8601 UTC with milliseconds (``created``: seconds since the epoch, as a record's); the
         part down to the second formatted once per second."""
         second = int(created)
-        if second != self._second:
-            self._stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-            self._second = second
-        return f"{self._stamp}.{int((created - second) * 1000):03d}Z"
+        cached, stamp = self._second
+        if second != cached:
+            stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = (second, stamp)
+        return f"{stamp}.{int((created - second) * 1000):03d}Z"
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -59,26 +59,29 @@ class _AccessLines:
     A record through ``logging`` (a ``LogRecord``, the filter, the handler, the formatter's scan of
     the record's attributes) cost a small request about a sixth of its throughput, measured; this
     writes the same JSON line with the same handler's stream and lock. It is used only while the
-    service's own JSON handler is the only one in the way: a handler or filter added later (a test's
-    ``caplog``, an embedding application's configuration) gets every record through ``logging``.
+    service's own JSON handler, on the root logger, is the only one a record of ``service.access``
+    would reach and nothing could filter it: a handler, filter or ``propagate = False`` added later
+    on the way (a test's ``caplog``, an embedding application's configuration) sends every record
+    through ``logging`` again.
     """
 
-    def __init__(self, handler: logging.Handler, formatter: JsonFormatter) -> None:
-        self.handler, self.formatter = handler, formatter
+    def __init__(self, handler: logging.Handler, formatter: JsonFormatter, request_ids: logging.Filter) -> None:
+        self.handler, self.formatter, self.request_ids = handler, formatter, request_ids
 
     def usable(self) -> bool:
         root, handler = logging.root, self.handler
-        return (
-            len(root.handlers) == 1
-            and root.handlers[0] is handler
-            and not root.filters
-            and handler.level <= logging.INFO
-            and handler.formatter is self.formatter
-            and len(handler.filters) == 1
-            and not ACCESS.handlers
-            and not ACCESS.filters
-            and ACCESS.propagate
-        )
+        if ACCESS.filters or not (len(root.handlers) == 1 and root.handlers[0] is handler):
+            return False
+        if handler.level > logging.INFO or handler.formatter is not self.formatter:
+            return False
+        if len(handler.filters) != 1 or handler.filters[0] is not self.request_ids:
+            return False
+        logger: Any = ACCESS
+        while logger is not root:  # what Logger.callHandlers walks: service.access, service, ...
+            if logger.handlers or not logger.propagate:
+                return False
+            logger = logger.parent
+        return True
 
     def write(self, msg: str, fields: dict[str, Any]) -> None:
         entry = {
@@ -95,21 +98,22 @@ class _AccessLines:
             try:
                 handler.stream.write(line)  # type: ignore[attr-defined]
                 handler.flush()
-            except Exception:
-                pass  # stderr gone (a closed pipe): as logging.Handler.handleError, the request goes on
+            except Exception:  # stderr gone (a closed pipe): reported as logging would, the request goes on
+                handler.handleError(logging.makeLogRecord({"name": ACCESS.name, "msg": msg, "levelno": logging.INFO}))
 
 
 _lines: _AccessLines | None = None
 
 
-def log_access(msg: str, fields: dict[str, Any]) -> None:
-    """One line of the access log (``service.access`` at INFO, ``fields`` as the record's extra); the
-    caller checks ``ACCESS.isEnabledFor(logging.INFO)`` first, so as not to build ``fields`` for nothing."""
+def log_access(template: str, args: tuple[Any, ...], fields: dict[str, Any]) -> None:
+    """One line of the access log: ``service.access`` at INFO, ``template % args`` its message and
+    ``fields`` the record's extra. The caller checks ``ACCESS.isEnabledFor(logging.INFO)`` first, so as
+    not to build ``fields`` for nothing."""
     lines = _lines
     if lines is not None and lines.usable():
-        lines.write(msg, fields)
+        lines.write(template % args, fields)
     else:
-        ACCESS.info(msg, extra=fields)
+        ACCESS.info(template, *args, extra=fields)
 
 
 def configure_logging(level: str, json_lines: bool) -> None:
@@ -130,14 +134,15 @@ def configure_logging(level: str, json_lines: bool) -> None:
         logging.logAsyncioTasks = False
     global _lines
     handler = logging.StreamHandler(sys.stderr)
-    handler.addFilter(_RequestIdFilter())
+    request_ids = _RequestIdFilter()
+    handler.addFilter(request_ids)
     formatter = (
         JsonFormatter()
         if json_lines
         else logging.Formatter("%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s")
     )
     handler.setFormatter(formatter)
-    _lines = _AccessLines(handler, formatter) if isinstance(formatter, JsonFormatter) else None
+    _lines = _AccessLines(handler, formatter, request_ids) if isinstance(formatter, JsonFormatter) else None
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

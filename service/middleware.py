@@ -147,7 +147,8 @@ class RequestMiddleware:
             return
         method, path, status = scope["method"], scope["path"], state["status"]
         log_access(
-            f"{method} {path} {status}",
+            "%s %s %d",
+            (method, path, status),
             {
                 "method": method,
                 "path": path,

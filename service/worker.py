@@ -223,7 +223,13 @@ class DeviceWorker:
             )
         loop = asyncio.get_running_loop()
         # Built here, on the event loop, so that the worker compares one value per job when it gathers a batch.
-        sig = signature(name, compute, tensors, options) if self._max_batch > 1 and name in MERGEABLE else None
+        # None: the job runs alone (batching off, an operation never merged, or a device whose answer
+        # for it would depend on the batch: service.device.Device.merges).
+        sig = (
+            signature(name, compute, tensors, options)
+            if self._max_batch > 1 and name in MERGEABLE and self.device.merges(name, tensors)
+            else None
+        )
         held = reservation.retain() if reservation is not None else None
         job = _Job(
             name, compute, tensors, options, loop.create_future(), loop, time.perf_counter(), held, deadline, sig

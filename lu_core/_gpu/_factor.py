@@ -3,9 +3,9 @@
 * our warp-per-matrix kernel (``small_lu.cu``), any batch, with or without
   pivoting, one launch: square matrices up to ``SMALL_FACTOR_MAX_N`` (32), and
   rectangular ones, which the libraries would factor with a call per matrix,
-  whose matrix fits in a warp's shared memory (``own_kernel``): 48 KiB for any
-  batch (e.g. 64 x 48 in complex128, 128 x 48 in float64), up to
-  ``RECT_FACTOR_MAX_BYTES`` (96 KiB, opted in) for batches of more than one.
+  up to ``RECT_FACTOR_MAX_BYTES`` (96 KiB) of shared memory each, within the
+  device's limit (``own_kernel``; above 48 KiB the kernel opts in). The choice
+  depends on the shape and dtype only, never on the batch.
 * square batches where PyTorch's heuristic prefers it: cuBLAS ``getrfBatched``,
   one call for the whole batch.
 * otherwise (one matrix, or rectangular matrices too large for our kernel,
@@ -60,7 +60,7 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
     piv = cp.empty((nb, k), dtype=cp.int32)
     info = cp.zeros(nb, dtype=cp.int32)
     if nb and k:
-        if own_kernel(m, n, dt, nb, _device_optin):
+        if own_kernel(m, n, dt, _device_optin):
             _small(s, piv, info, m, n, pivot)
         else:
             _libs.check_int32("A", m, n)
@@ -79,23 +79,21 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
 
 
 def _warp_bytes(m: int, n: int, dtype: np.dtype) -> int:
-    """Shared memory for one matrix in ``small_getrf``: ``m`` rounded up to the warp's 32 rows, by ``n``."""
-    return -(-m // _sources.WARP) * _sources.WARP * n * np.dtype(dtype).itemsize
+    """Shared memory for one matrix in ``small_getrf``: ``m`` made odd (its leading dimension), by ``n``."""
+    return (m | 1) * n * np.dtype(dtype).itemsize
 
 
-def own_kernel(
-    m: int, n: int, dtype: np.dtype, batch: int = 2, optin: Callable[[], int] = lambda: _SHARED_BYTES
-) -> bool:
-    """Whether our warp-per-matrix kernel factors ``batch`` ``m x n`` matrices: square ones up to
-    ``SMALL_FACTOR_MAX_N``; rectangular ones up to ``RECT_FACTOR_MAX_BYTES`` of shared memory each, above
-    48 KiB only for more than one matrix and up to ``optin()``, the device's limit for one block."""
+def own_kernel(m: int, n: int, dtype: np.dtype, optin: Callable[[], int] = lambda: _SHARED_BYTES) -> bool:
+    """Whether our warp-per-matrix kernel factors ``m x n`` matrices: square ones up to
+    ``SMALL_FACTOR_MAX_N``; rectangular ones up to ``RECT_FACTOR_MAX_BYTES`` of shared memory each, and
+    above 48 KiB up to ``optin()``, the device's limit for one block. Never from the batch: a matrix's
+    result does not depend on what it is factored with."""
     need = _warp_bytes(m, n, dtype)
     if m == n:
         return n <= _tuning.SMALL_FACTOR_MAX_N and need <= _SHARED_BYTES
-    limit = _tuning.RECT_FACTOR_MAX_BYTES
-    if need <= min(limit, _SHARED_BYTES):
-        return True
-    return batch > 1 and need <= limit and need <= optin()
+    if need > _tuning.RECT_FACTOR_MAX_BYTES:
+        return False
+    return need <= _SHARED_BYTES or need <= optin()
 
 
 def _small(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, m: int, n: int, pivot: bool) -> None:

@@ -24,10 +24,10 @@ SMALL_FACTOR_MAX_N = 32
 SMALL_SOLVE_MAX_N = 32
 
 #: Rectangular matrices go to our warp-per-matrix kernel while one matrix
-#: (rows rounded up to the warp's 32) takes at most this much shared memory:
-#: up to the 48 KiB a block has without opting in for any batch, above it
-#: (opted in, up to the device's limit: 227 KiB on an H100) for batches of
-#: more than one only; otherwise cuSOLVER, a call per matrix. 0: never.
+#: takes at most this much of its shared memory ((m | 1) x n x item size;
+#: above the 48 KiB a block has without opting in, the kernel opts in, up to
+#: the device's limit: 227 KiB on an H100); otherwise cuSOLVER, a call per
+#: matrix. 0: never. Whatever the batch.
 RECT_FACTOR_MAX_BYTES = 96 * 1024
 
 #: cuBLAS ``getrfBatched`` against a cuSOLVER ``getrf`` per matrix, for square

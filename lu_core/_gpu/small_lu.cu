@@ -85,12 +85,14 @@ __device__ __forceinline__ int warp_pivot(const T* col, int lane, int k, int m) 
 // nbatch x min(m, n)) and info per matrix. Without pivoting the pivots are
 // still written (1 .. k, as PyTorch does). Any m and n whose matrix fits in a
 // warp's slice of shared memory (the host checks: ld * n * sizeof(T), ld = m
-// rounded up to 32): small square matrices, and rectangular ones of any batch,
-// where the libraries would need a call per matrix.
+// made odd): small square matrices, and rectangular ones of any batch, where
+// the libraries would need a call per matrix.
 //
 // Each warp copies its matrix to its slice of dynamic shared memory
-// (column-major, leading dimension ld: the lanes' rows are bank-conflict
-// free), factors it there and copies it back. Lane i owns rows i, i + 32, ...;
+// (column-major, leading dimension ld, odd: a column's rows are consecutive
+// words for the lanes, and the row swap, lane c reading column c, strides
+// over the banks instead of hitting one), factors it there and copies it back.
+// Lane i owns rows i, i + 32, ...;
 // the pivot row is read by every lane at once (a broadcast), and the row swap
 // is spread over the lanes by column. Loops are not unrolled: one
 // instantiation per dtype compiles in seconds and serves every shape.
@@ -100,7 +102,7 @@ __global__ void small_getrf(T* __restrict__ s, int* __restrict__ piv, int* __res
                             int m, int n, int pivot) {
     extern __shared__ __align__(16) unsigned char small_getrf_shared[];
     const int lane = threadIdx.x & 31;
-    const int ld = (m + 31) & ~31;
+    const int ld = m | 1;
     T* sh = reinterpret_cast<T*>(small_getrf_shared) + (long long)(threadIdx.x >> 5) * ld * n;  // this warp's
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;

@@ -50,6 +50,8 @@ def test_suggestions_follow_the_fastest_path():
         {"dtype": "float64", "m": 256, "n": 64, "batch": 16, "KiB": 64, "own": 3.0, "cusolver": 2.0},
     ]
     assert calibrate_gpu.suggest(rect, [])["RECT_FACTOR_MAX_BYTES"] == 48 * 1024  # up to the first loss
+    lost_at_48 = [*rect[:3], {**rect[3], "own": 3.0}]  # one case of the same size lost: not that size
+    assert calibrate_gpu.suggest(lost_at_48, [])["RECT_FACTOR_MAX_BYTES"] == 16 * 1024
     s = calibrate_gpu.suggest(factor + rect, solve)
     assert s["SMALL_FACTOR_MAX_N"] == 16 and s["SMALL_SOLVE_MAX_N"] == 8
     assert s["GETRS_BATCHED_MAX_N"] == 64 and s["GETRS_BATCHED_MAX_NRHS"] == 2

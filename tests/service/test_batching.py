@@ -533,6 +533,48 @@ def test_gather_keeps_arrival_order_and_never_reaches_past_a_call():
         loop.close()
 
 
+def test_on_a_gpu_only_jobs_our_kernels_compute_are_merged():
+    """gpu_merges: merged only where lu_core's GPU routine is chosen from the matrix, not the batch."""
+    from service.device import gpu_merges
+
+    piv = np.arange(1, 9, dtype=np.int32)
+    assert gpu_merges("solve", {"A": np.eye(32), "B": np.ones((32, 2))})
+    assert gpu_merges("lu_factor", {"A": np.ones((3, 20, 32))}) and gpu_merges("lu", {"A": np.ones((5, 3))})
+    assert gpu_merges("lu_solve", {"LU": np.eye(8), "pivots": piv, "B": np.ones((8, 500))})  # any nrhs
+    assert gpu_merges("lu_unpack", {"LU": np.eye(8), "pivots": piv})
+    assert not gpu_merges("solve", {"A": np.eye(33), "B": np.ones(33)})  # cuBLAS / cuSOLVER by batch count
+    assert not gpu_merges("lu_factor", {"A": np.ones((2, 40))})
+    assert not gpu_merges("det", {"A": np.eye(4)}) and not gpu_merges("slogdet", {"A": np.eye(4)})
+
+
+async def test_a_job_the_device_would_not_merge_runs_alone():
+    class Picky(CpuDevice):
+        def merges(self, name, tensors):
+            return tensors["A"].shape[-1] <= 4
+
+    metrics = Metrics("cpu", "test")
+    w = DeviceWorker(Picky(), metrics, max_queue=64, retry_after_s=1, max_batch=64)
+    w.metrics = metrics  # type: ignore[attr-defined]
+    w.start()
+    try:
+        rng = np.random.default_rng(12)
+        jobs = [
+            (
+                "solve",
+                inputs_for("solve", (), 4 if i % 4 < 2 else 6, np.float64, rng),
+                dict(OPERATIONS["solve"].options),
+            )
+            for i in range(8)
+        ]
+        results = await asyncio.wait_for(run_gated(w, jobs), 30)
+        calls = batch_calls(metrics)
+        assert (calls["lu_batch_size_count"], calls["lu_batch_size_sum"]) == (5, 8)  # the 4x4s merged, 6x6s alone
+        for (name, tensors, opts), got in zip(jobs, results, strict=True):
+            assert_bit_identical(got, OPERATIONS[name].compute(tensors, opts))
+    finally:
+        w.stop(10)
+
+
 def test_gather_loses_nothing_when_it_fails():
     """A bug while gathering (here a key that raises for one job) leaves every item but the first back
     in pending, in arrival order, whatever had been taken, joined or set aside by then."""

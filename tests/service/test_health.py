@@ -122,6 +122,13 @@ async def test_access_lines_skip_logging_only_while_nothing_else_would_see_them(
         root.addHandler(spy)
         assert not logs._lines.usable()
         root.removeHandler(spy)
+        parent = logging.getLogger("service")  # between service.access and the root
+        parent.addHandler(spy)
+        assert not logs._lines.usable()
+        parent.removeHandler(spy)
+        monkeypatch.setattr(parent, "propagate", False)
+        assert not logs._lines.usable()
+        monkeypatch.setattr(parent, "propagate", True)
         assert logs._lines.usable()
     finally:
         logs.ACCESS.removeHandler(spy)

@@ -19,12 +19,12 @@ cp = pytest.importorskip("cupy")
 
 DOUBLE = (np.float64, np.complex128)
 BOUNDARY_SHAPES = [(5, 31, 31), (5, 32, 32), (5, 33, 33), (3, 32, 20), (3, 20, 32), (2, 33, 5), (4, 1, 32)]
-# Rectangular matrices our kernel takes when they fit in a warp's shared memory (rows wrap around the
-# lanes; complex128 64 x 48 is exactly 48 KiB; 64 x 49 needs the opt-in above 48 KiB, a batch of one
-# goes to cuSOLVER; 128 x 96 is 96 KiB in float64 and complex64, 192 KiB in complex128: cuSOLVER), and
-# ones too large for it.
+# Rectangular matrices our kernel takes (rows wrap around the lanes; shared memory (m | 1) x n x item size:
+# complex128 64 x 48 and 64 x 49 need the opt-in above 48 KiB; 127 x 96 is 48 KiB in float32, 95 KiB in
+# float64 and complex64 (opted in), 190 KiB in complex128: cuSOLVER), alone and in batches, and ones too
+# large for it.
 RECTANGULAR_SHAPES = [
-    (40, 100, 20), (6, 20, 100), (5, 64, 48), (5, 64, 49), (1, 64, 49), (6, 128, 96), (1, 128, 96), (2, 300, 100),
+    (40, 100, 20), (6, 20, 100), (5, 64, 48), (5, 64, 49), (1, 64, 49), (6, 127, 96), (1, 127, 96), (2, 300, 100),
     (2, 100, 300),
 ]  # fmt: skip
 LIBRARY_SHAPES = [(64, 40, 40), (3, 200, 200), (1, 300, 300), (3, 40, 70), (2, 70, 40)]
@@ -33,7 +33,7 @@ LIBRARY_SHAPES = [(64, 40, 40), (3, 200, 200), (1, 300, 300), (3, 40, 70), (2, 7
 def _own_kernel(shape, dtype) -> bool:
     from lu_core._gpu._factor import _device_optin, own_kernel
 
-    return own_kernel(*shape[-2:], np.dtype(dtype), int(np.prod(shape[:-2])), _device_optin)
+    return own_kernel(*shape[-2:], np.dtype(dtype), _device_optin)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -58,7 +58,7 @@ def test_factor_and_unpack(rng, shape, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(3, 3), (16, 16), (32, 32), (100, 20), (20, 90), (64, 33)], ids=str)
-def test_small_kernel_ties_follow_lapack(shape, dtype):
+def test_small_kernel_ties_follow_lapack(shape, dtype, monkeypatch):
     """Integer entries make many equal magnitudes: the first one wins, as in LAPACK.
 
     The first step's ties are exact on any device (with more than 32 rows, they wrap
@@ -67,6 +67,10 @@ def test_small_kernel_ties_follow_lapack(shape, dtype):
     runs its own getf2-order kernel too) all pivots must agree; complex division may
     round differently in the last bit, and larger CPU factorizations may be blocked,
     so elsewhere only the first step is compared exactly."""
+    from lu_core._gpu import _tuning
+
+    monkeypatch.setattr(_tuning, "SMALL_FACTOR_MAX_N", 32)  # our kernel, whatever the calibration chose
+    monkeypatch.setattr(_tuning, "RECT_FACTOR_MAX_BYTES", 96 * 1024)
     m, n = shape
     A = np.random.default_rng(m * n).integers(-2, 3, size=(200, m, n)).astype(dtype)
     if np.dtype(dtype).kind == "c":

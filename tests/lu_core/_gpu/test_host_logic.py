@@ -125,29 +125,32 @@ def test_warp_pivot_is_lapacks_choice():
         assert _warp_pivot_replay(mag, k, m) == _idamax_from(mag, k, m), (mag, k, m)
 
 
-def test_own_kernel_takes_what_fits_in_a_warps_shared_memory():
+def test_own_kernel_takes_what_fits_in_a_warps_shared_memory(monkeypatch):
     from lu_core._gpu._factor import own_kernel
 
+    monkeypatch.setattr(_tuning, "SMALL_FACTOR_MAX_N", 32)  # the values these edges are computed for
+    monkeypatch.setattr(_tuning, "RECT_FACTOR_MAX_BYTES", 96 * 1024)
     f4, f8, c16 = np.dtype("f4"), np.dtype("f8"), np.dtype("c16")
     # Square: up to SMALL_FACTOR_MAX_N, above it the libraries (getrfBatched / cuSOLVER).
     assert own_kernel(32, 32, c16) and not own_kernel(33, 33, f4)
-    # Rectangular: whenever 32-row-rounded m x n fits in 48 KiB.
-    assert own_kernel(33, 5, c16) and own_kernel(1, 32, f8) and own_kernel(64, 48, c16)  # 64*48*16 = 48 KiB
-    assert not own_kernel(64, 49, c16) and own_kernel(64, 49, f8)
-    assert own_kernel(128, 48, f8) and not own_kernel(128, 49, f8) and own_kernel(128, 96, f4)
-    assert own_kernel(2, 384, f4) and not own_kernel(2, 385, f4)  # 2 rows take a warp's 32
+    # Rectangular, without opting in: (m | 1) x n x item size up to 48 KiB.
+    assert own_kernel(33, 5, c16) and own_kernel(1, 32, f8)
+    assert own_kernel(63, 48, c16) and not own_kernel(64, 48, c16)  # 63 * 48 * 16 = 48384; 65 * 48 * 16 = 49920
+    assert own_kernel(127, 48, f8) and not own_kernel(128, 48, f8)
+    assert own_kernel(2, 4096, f4) and not own_kernel(2, 4097, f4)  # 2 rows take 3
     assert not own_kernel(300, 100, f4)
-    # Above 48 KiB (opted in): batches of more than one, up to RECT_FACTOR_MAX_BYTES and the device's limit.
+    # Opted in: up to RECT_FACTOR_MAX_BYTES and the device's limit, whatever the batch.
     h100 = lambda: 227 * 1024  # noqa: E731
-    assert own_kernel(128, 96, f8, 2, h100) and not own_kernel(128, 96, f8, 1, h100)  # 96 KiB
-    assert not own_kernel(128, 97, f8, 2, h100)  # over RECT_FACTOR_MAX_BYTES
-    assert not own_kernel(128, 96, f8, 2, lambda: 64 * 1024)  # over the device's limit
-    assert not own_kernel(33, 33, f4, 2, h100)  # squares: SMALL_FACTOR_MAX_N, never opted in
+    assert own_kernel(64, 48, c16, h100) and own_kernel(127, 96, f8, h100)  # 97536 bytes
+    assert not own_kernel(128, 96, f8, h100)  # 99072: over RECT_FACTOR_MAX_BYTES
+    assert not own_kernel(127, 96, f8, lambda: 64 * 1024)  # over the device's limit
+    assert not own_kernel(33, 33, f4, h100)  # squares: SMALL_FACTOR_MAX_N, never opted in
 
 
 def test_rect_factor_max_bytes_zero_sends_every_rectangular_batch_to_the_library(monkeypatch):
     from lu_core._gpu._factor import own_kernel
 
     monkeypatch.setattr(_tuning, "RECT_FACTOR_MAX_BYTES", 0)
-    assert not own_kernel(2, 3, np.dtype("f4")) and not own_kernel(33, 5, np.dtype("f8"), 10, lambda: 1 << 20)
+    monkeypatch.setattr(_tuning, "SMALL_FACTOR_MAX_N", 32)
+    assert not own_kernel(2, 3, np.dtype("f4")) and not own_kernel(33, 5, np.dtype("f8"), lambda: 1 << 20)
     assert own_kernel(32, 32, np.dtype("f8"))
