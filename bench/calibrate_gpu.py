@@ -53,13 +53,13 @@ def _tuned(**values: object) -> Iterator[None]:
 
 
 def _factor_paths(n: int, dtype: str) -> dict[str, dict[str, object]]:
-    from lu_core._gpu._factor import _SHARED_BYTES, _warp_bytes
+    from lu_core._gpu._tuning import SHARED_BYTES, warp_bytes
 
     paths: dict[str, dict[str, object]] = {
         "getrfBatched": {"SMALL_FACTOR_MAX_N": 0, "getrf_batched_wins": lambda *a: True},
         "cusolver": {"SMALL_FACTOR_MAX_N": 0, "getrf_batched_wins": lambda *a: False},
     }
-    if _warp_bytes(n, n, dtype) <= _SHARED_BYTES:  # our kernel takes any square matrix a warp can hold
+    if warp_bytes(n, n, dtype) <= SHARED_BYTES:  # our kernel takes any square matrix a warp can hold
         paths["own"] = {"SMALL_FACTOR_MAX_N": n}
     return paths
 
@@ -67,11 +67,12 @@ def _factor_paths(n: int, dtype: str) -> dict[str, dict[str, object]]:
 def _rect_paths(m: int, n: int, dtype: str) -> dict[str, dict[str, object]]:
     import cupy as cp
 
-    from lu_core._gpu._factor import _SHARED_BYTES, _device_optin, _warp_bytes
+    from lu_core._gpu._factor import _device_optin
+    from lu_core._gpu._tuning import SHARED_BYTES, warp_bytes
 
     paths: dict[str, dict[str, object]] = {"cusolver": {"RECT_FACTOR_MAX_BYTES": 0}}
-    need = _warp_bytes(m, n, cp.dtype(dtype))
-    if need <= max(_SHARED_BYTES, _device_optin()):
+    need = warp_bytes(m, n, cp.dtype(dtype))
+    if need <= max(SHARED_BYTES, _device_optin()):
         paths["own"] = {"RECT_FACTOR_MAX_BYTES": need}
     return paths
 
@@ -110,7 +111,7 @@ def measure(
     def more() -> bool:
         return seconds is None or time.perf_counter() - start < seconds
 
-    from lu_core._gpu._factor import _warp_bytes
+    from lu_core._gpu._tuning import warp_bytes
 
     rng = cp.random.default_rng(0)
     repeats = 3 if quick else 10
@@ -124,7 +125,7 @@ def measure(
                     continue
                 A = rng.standard_normal((batch, m, n)).astype(dtype)
                 times = _time_paths(_rect_paths(m, n, dtype), lambda A=A: lu_core.lu_factor_ex(A), 3)
-                kib = _warp_bytes(m, n, cp.dtype(dtype)) // 1024
+                kib = warp_bytes(m, n, cp.dtype(dtype)) // 1024
                 factor_rows.append({"dtype": dtype, "m": m, "n": n, "batch": batch, "KiB": kib, **times})
                 progress(f"factor {dtype} {m}x{n} batch={batch}: {times}")
     for dtype in dtypes:

@@ -4,7 +4,7 @@
   pivoting, one launch: square matrices up to ``SMALL_FACTOR_MAX_N`` (32), and
   rectangular ones, which the libraries would factor with a call per matrix,
   up to ``RECT_FACTOR_MAX_BYTES`` (96 KiB) of shared memory each, within the
-  device's limit (``own_kernel``; above 48 KiB the kernel opts in). The choice
+  device's limit (``_tuning.own_kernel``; above 48 KiB the kernel opts in). The choice
   depends on the shape and dtype only, never on the batch.
 * square batches where PyTorch's heuristic prefers it: cuBLAS ``getrfBatched``,
   one call for the whole batch.
@@ -29,15 +29,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
 
 import cupy as cp
 import numpy as np
 
 from lu_core._gpu import _libs, _sources, _tuning
 from lu_core._gpu._libs import cublas, cusolver
-
-_SHARED_BYTES = 48 * 1024  # dynamic shared memory a block may use without opting in
 
 
 @functools.cache
@@ -60,7 +57,7 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
     piv = cp.empty((nb, k), dtype=cp.int32)
     info = cp.zeros(nb, dtype=cp.int32)
     if nb and k:
-        if own_kernel(m, n, dt, _device_optin):
+        if _tuning.own_kernel(m, n, dt, _device_optin):
             _small(s, piv, info, m, n, pivot)
         else:
             _libs.check_int32("A", m, n)
@@ -78,30 +75,12 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
     return lu, piv.reshape(*batch, k), info.reshape(batch)
 
 
-def _warp_bytes(m: int, n: int, dtype: np.dtype) -> int:
-    """Shared memory for one matrix in ``small_getrf``: ``m`` made odd (its leading dimension), by ``n``."""
-    return (m | 1) * n * np.dtype(dtype).itemsize
-
-
-def own_kernel(m: int, n: int, dtype: np.dtype, optin: Callable[[], int] = lambda: _SHARED_BYTES) -> bool:
-    """Whether our warp-per-matrix kernel factors ``m x n`` matrices: square ones up to
-    ``SMALL_FACTOR_MAX_N``; rectangular ones up to ``RECT_FACTOR_MAX_BYTES`` of shared memory each, and
-    above 48 KiB up to ``optin()``, the device's limit for one block. Never from the batch: a matrix's
-    result does not depend on what it is factored with."""
-    need = _warp_bytes(m, n, dtype)
-    if m == n:
-        return n <= _tuning.SMALL_FACTOR_MAX_N and need <= _SHARED_BYTES
-    if need > _tuning.RECT_FACTOR_MAX_BYTES:
-        return False
-    return need <= _SHARED_BYTES or need <= optin()
-
-
 def _small(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, m: int, n: int, pivot: bool) -> None:
     nb = s.shape[0]
-    per_warp = _warp_bytes(m, n, s.dtype)  # each warp's matrix in shared memory
-    warps = max(1, min(_tuning.SMALL_BLOCK // _sources.WARP, _SHARED_BYTES // per_warp))
+    per_warp = _tuning.warp_bytes(m, n, s.dtype)  # each warp's matrix in shared memory
+    warps = max(1, min(_tuning.SMALL_BLOCK // _sources.WARP, _tuning.SHARED_BYTES // per_warp))
     fn = _sources.kernel("small_lu.cu", f"small_getrf<{_sources.CTYPE[s.dtype]}>")
-    if per_warp > _SHARED_BYTES and fn.max_dynamic_shared_size_bytes < per_warp:
+    if per_warp > _tuning.SHARED_BYTES and fn.max_dynamic_shared_size_bytes < per_warp:
         fn.max_dynamic_shared_size_bytes = per_warp  # opt in (own_kernel checked the device allows it)
     fn(
         _libs.grid(nb, warps),

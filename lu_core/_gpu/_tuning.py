@@ -12,13 +12,14 @@ prints the values to put here.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 #: Our own warp-per-matrix kernels (``small_lu.cu``) for square matrices up to
 #: this size, any batch, with or without pivoting (the factorization takes
 #: larger ones too, as long as a warp's shared memory holds the matrix, and
-#: takes every rectangular matrix that fits: see ``_factor.own_kernel``; the
+#: takes every rectangular matrix that fits: see ``own_kernel`` below; the
 #: solve keeps a right-hand side in the warp's 32 lanes, so at most 32).
 SMALL_FACTOR_MAX_N = 32
 SMALL_SOLVE_MAX_N = 32
@@ -39,6 +40,28 @@ RECT_FACTOR_MAX_BYTES = 96 * 1024
 GETRF_BATCH2 = {"f": 8400, "F": 8400, "d": 2200, "D": 2200}
 GETRF_LINEAR = {"f": 18600, "F": 18600}
 GETRF_SUPERLINEAR = {"d": 16600, "D": 5200}
+
+
+#: Dynamic shared memory a block may use without opting in.
+SHARED_BYTES = 48 * 1024
+
+
+def warp_bytes(m: int, n: int, dtype: np.dtype) -> int:
+    """Shared memory for one matrix in ``small_getrf``: ``m`` made odd (its leading dimension), by ``n``."""
+    return (m | 1) * n * np.dtype(dtype).itemsize
+
+
+def own_kernel(m: int, n: int, dtype: np.dtype, optin: Callable[[], int] = lambda: SHARED_BYTES) -> bool:
+    """Whether our warp-per-matrix kernel factors ``m x n`` matrices: square ones up to
+    ``SMALL_FACTOR_MAX_N``; rectangular ones up to ``RECT_FACTOR_MAX_BYTES`` of shared memory each, and
+    above 48 KiB up to ``optin()``, the device's limit for one block. Never from the batch: a matrix's
+    result does not depend on what it is factored with."""
+    need = warp_bytes(m, n, dtype)
+    if m == n:
+        return n <= SMALL_FACTOR_MAX_N and need <= SHARED_BYTES
+    if need > RECT_FACTOR_MAX_BYTES:
+        return False
+    return need <= SHARED_BYTES or need <= optin()
 
 
 def getrf_batched_wins(batch: int, n: int, dtype: np.dtype) -> bool:

@@ -31,9 +31,10 @@ LIBRARY_SHAPES = [(64, 40, 40), (3, 200, 200), (1, 300, 300), (3, 40, 70), (2, 7
 
 
 def _own_kernel(shape, dtype) -> bool:
-    from lu_core._gpu._factor import _device_optin, own_kernel
+    from lu_core._gpu import _tuning
+    from lu_core._gpu._factor import _device_optin
 
-    return own_kernel(*shape[-2:], np.dtype(dtype), _device_optin)
+    return _tuning.own_kernel(*shape[-2:], np.dtype(dtype), _device_optin)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

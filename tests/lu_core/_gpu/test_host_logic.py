@@ -126,7 +126,7 @@ def test_warp_pivot_is_lapacks_choice():
 
 
 def test_own_kernel_takes_what_fits_in_a_warps_shared_memory(monkeypatch):
-    from lu_core._gpu._factor import own_kernel
+    own_kernel = _tuning.own_kernel
 
     monkeypatch.setattr(_tuning, "SMALL_FACTOR_MAX_N", 32)  # the values these edges are computed for
     monkeypatch.setattr(_tuning, "RECT_FACTOR_MAX_BYTES", 96 * 1024)
@@ -148,7 +148,7 @@ def test_own_kernel_takes_what_fits_in_a_warps_shared_memory(monkeypatch):
 
 
 def test_rect_factor_max_bytes_zero_sends_every_rectangular_batch_to_the_library(monkeypatch):
-    from lu_core._gpu._factor import own_kernel
+    own_kernel = _tuning.own_kernel
 
     monkeypatch.setattr(_tuning, "RECT_FACTOR_MAX_BYTES", 0)
     monkeypatch.setattr(_tuning, "SMALL_FACTOR_MAX_N", 32)
