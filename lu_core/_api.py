@@ -99,8 +99,8 @@ def lu_factor_ex(A: Any, *, pivot: bool = True, check_errors: bool = False) -> t
     ([2, 2], 2)
     """
     be = backend_for(A)
-    a = _matrix(be, A, "A")
-    LU, piv, info = be.lu_factor_ex(a, bool(pivot))
+    factored = be.factor_direct(A, bool(pivot))
+    LU, piv, info = factored if factored is not None else be.lu_factor_ex(_matrix(be, A, "A"), bool(pivot))
     if check_errors:
         _raise_if_singular(be, info, "lu_factor_ex")
     return LU, piv, info
@@ -142,8 +142,8 @@ def lu_factor(A: Any, *, pivot: bool = True) -> tuple[Any, Any]:
     True
     """
     be = backend_for(A)
-    a = _matrix(be, A, "A")
-    LU, piv, info = be.lu_factor_ex(a, bool(pivot))
+    factored = be.factor_direct(A, bool(pivot))
+    LU, piv, info = factored if factored is not None else be.lu_factor_ex(_matrix(be, A, "A"), bool(pivot))
     _raise_if_singular(be, info, "lu_factor")
     return LU, piv
 
@@ -286,6 +286,10 @@ def lu_solve(
     [2.0, 3.0]
     """
     be = backend_for(LU, pivots, B)
+    if left and not adjoint and not check_errors:
+        x = be.solve_direct(LU, pivots, B)
+        if x is not None:
+            return x
     lu_ = _matrix(be, LU, "LU")
     require_square(lu_.shape, "LU")
     piv = _pivots(be, pivots)

@@ -39,6 +39,13 @@ class Backend(Protocol):
     def lu_factor_ex(self, a: Any, pivot: bool) -> tuple[Any, Any, Any]:
         """``(LU, pivots (1-based int32), info (int32, batch shape))``."""
 
+    def factor_direct(self, A: Any, pivot: bool) -> tuple[Any, Any, Any] | None:
+        """:meth:`lu_factor_ex` of ``A`` as given (not validated yet) where the backend has a shorter path
+        for it, with the same bits; ``None`` otherwise (then the caller validates and takes the general one)."""
+
+    def solve_direct(self, LU: Any, pivots: Any, B: Any) -> Any | None:
+        """``lu_solve(LU, pivots, B)`` with the default options, like :meth:`factor_direct`."""
+
     def lu_unpack(self, lu: Any, piv0: Any | None, unpack_data: bool) -> tuple[Any, Any, Any]:
         """``(P, L, U)``; ``P`` is None when ``piv0`` is None, ``L``/``U`` when not
         ``unpack_data``. ``piv0`` comes from :meth:`check_pivots`."""

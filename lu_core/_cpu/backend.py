@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from lu_core._batching import broadcast_index
-from lu_core._cpu import _kernels, _lapack, _tuning
+from lu_core._cpu import _direct, _kernels, _lapack, _tuning
 from lu_core._errors import DTypeError, PivotError
 from lu_core._layout import plan_split
 
@@ -126,6 +126,10 @@ class CpuBackend:
         piv0 = pivots.reshape(nb, pivots.shape[-1]).astype(np.int32)  # a copy: the caller's stay 1-based
         piv0 -= 1  # LAPACK 1-based -> 0-based, for pivots lu_factor_ex just produced
         return piv0
+
+    # Small calls with the default options, straight to their kernels (see _direct); None otherwise.
+    factor_direct = staticmethod(_direct.factor_direct)
+    solve_direct = staticmethod(_direct.solve_direct)
 
     def lu_factor_ex(self, a: np.ndarray, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         batch, (m, n) = a.shape[:-2], a.shape[-2:]

@@ -1,0 +1,77 @@
+"""Small NumPy calls with the default options: the general path's kernels, called directly.
+
+On one 8 x 8 matrix the general path spent more time on its checks, broadcasting and dispatch
+(``lu_core._api``, :mod:`lu_core._cpu.backend`) than in its kernel: ``lu_solve`` 8.3 µs, of which
+0.5 in the kernel; ``lu_factor`` 5.1 µs (PyTorch: 7.8 and 4.4). These functions take only inputs that
+need none of that work (exact ``np.ndarray`` of a supported dtype; one matrix to factor, or
+factorizations and right-hand sides of the same batch, without broadcasting; shapes that agree;
+sizes the Numba kernels take), run the very kernels the general path runs on them, with the same
+twin (serial or parallel), and so return the same bits and raise the same errors
+(pivots out of range: :meth:`CpuBackend.check_pivots`). Anything else returns ``None`` and takes the
+general path, which then reports whatever is wrong with it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from lu_core._cpu import _kernels
+
+_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
+_PIVOT_DTYPES = frozenset((np.dtype(np.int32), np.dtype(np.int64)))
+_FIRST = np.zeros(1, dtype=np.intp)  # problem 0 uses factorization 0 (broadcast_index of one matrix)
+
+
+def factor_direct(A: Any, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``lu_factor_ex(A, pivot)``'s ``(LU, pivots, info)`` for one matrix the batched kernel factors."""
+    if type(A) is not np.ndarray or A.ndim != 2 or A.dtype not in _DTYPES:
+        return None
+    m, n = A.shape
+    if not m or not n or not _backend._factor_by_kernel(max(m, n), A.dtype):
+        return None  # (without pivoting the general path uses the kernel at any size; not needed here)
+    k = min(m, n)
+    src, transposed = _backend._factor_source(A.reshape(1, m, n))
+    s = np.empty((1, n, m), dtype=A.dtype)
+    piv = np.empty((1, k), dtype=np.int32)
+    info = np.zeros(1, dtype=np.int32)
+    _kernels.getrf.serial(src, transposed, s, piv, info, pivot)
+    return s[0].T, piv[0], info.reshape(())
+
+
+def solve_direct(LU: Any, pivots: Any, B: Any) -> np.ndarray | None:
+    """``lu_solve(LU, pivots, B)`` (left, not adjoint, unchecked) for factorizations as ``lu_factor``
+    returns them (each column-major) and right-hand sides of their dtype and batch (no broadcasting),
+    by the batched kernel, with the general path's choice of twin."""
+    if type(LU) is not np.ndarray or type(pivots) is not np.ndarray or type(B) is not np.ndarray:
+        return None
+    nd = LU.ndim
+    if nd < 2 or B.ndim != nd or pivots.ndim != nd - 1:
+        return None
+    dt = LU.dtype
+    if B.dtype != dt or dt not in _DTYPES or pivots.dtype not in _PIVOT_DTYPES:
+        return None
+    n, nrhs = B.shape[-2:]
+    batch = LU.shape[:-2]
+    if LU.shape[-2:] != (n, n) or B.shape[:-2] != batch or pivots.shape != (*batch, n):
+        return None
+    nprob = math.prod(batch)
+    if not nprob or not n or not nrhs or not _backend._solve_by_kernel(n, nrhs, dt):
+        return None
+    s = LU.swapaxes(-1, -2)  # the factors in the kernels' storage: a view when each LU is column-major
+    if not s.flags.c_contiguous:
+        return None
+    piv0 = _backend.CPU_BACKEND.check_pivots(pivots, n)
+    w = np.empty(B.shape, dtype=dt)
+    np.copyto(w, B)
+    index = _FIRST if nprob == 1 else np.arange(nprob, dtype=np.intp)
+    work = _backend._split(nprob, 2 * nprob * nrhs * n * n)
+    _kernels.getrs(work, s.reshape(nprob, n, n), piv0, index, w.reshape(nprob, n, nrhs), 0)
+    return w
+
+
+# Last: the backend imports this module and binds its functions; whichever of the two is imported
+# first, this module's functions exist by the time the backend reads them.
+from lu_core._cpu import backend as _backend  # noqa: E402

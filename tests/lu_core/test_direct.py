@@ -1,0 +1,116 @@
+"""lu_core._cpu._direct: the short path of small default calls gives the general path's bits and errors,
+is taken where it should be, and passes everything else on."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lu_core
+from lu_core._cpu import _direct
+from lu_core._cpu.backend import CpuBackend
+
+DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
+
+
+def _rand(rng, shape, dtype):
+    x = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
+@pytest.fixture
+def general(monkeypatch):
+    """Run a call through the general path only."""
+
+    def run(fn, *args, **kwargs):
+        with monkeypatch.context() as m:
+            m.setattr(CpuBackend, "factor_direct", staticmethod(lambda *a: None))
+            m.setattr(CpuBackend, "solve_direct", staticmethod(lambda *a: None))
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def _same(got, want) -> None:
+    for g, w in zip(got, want, strict=True):
+        assert type(g) is type(w) and g.shape == w.shape and g.dtype == w.dtype and g.strides == w.strides
+        assert g.tobytes() == w.tobytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (8, 8), (32, 32), (5, 3), (3, 7)])
+@pytest.mark.parametrize("layout", ["C", "F", "strided"])
+@pytest.mark.parametrize("pivot", [True, False])
+def test_factor_gives_the_general_paths_bits(general, dtype, shape, layout, pivot):
+    rng = np.random.default_rng(hash((shape, layout)) % 2**32)
+    A = _rand(rng, (2 * shape[0], shape[1]), dtype)[::2] if layout == "strided" else _rand(rng, shape, dtype)
+    if layout == "F":
+        A = np.asfortranarray(A)
+    assert _direct.factor_direct(A, pivot) is not None  # the short path is taken
+    _same(lu_core.lu_factor_ex(A, pivot=pivot), general(lu_core.lu_factor_ex, A, pivot=pivot))
+
+
+def test_factor_of_a_singular_matrix_raises_as_the_general_path(general):
+    A = np.array([[1.0, 2.0], [2.0, 4.0]])
+    with pytest.raises(lu_core.SingularMatrixError) as short:
+        lu_core.lu_factor(A)
+    with pytest.raises(lu_core.SingularMatrixError) as long:
+        general(lu_core.lu_factor, A)
+    assert str(short.value) == str(long.value)
+    _same(lu_core.lu_factor_ex(A), general(lu_core.lu_factor_ex, A))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", [(), (1,), (3,), (2, 3)])
+@pytest.mark.parametrize(("n", "nrhs"), [(1, 1), (8, 1), (8, 3), (32, 2), (100, 1)])
+def test_solve_gives_the_general_paths_bits(general, dtype, batch, n, nrhs):
+    rng = np.random.default_rng(n * 7 + nrhs)
+    A = _rand(rng, (*batch, n, n), dtype) + n * np.eye(n, dtype=dtype)
+    LU, piv = lu_core.lu_factor(A)
+    B = _rand(rng, (*batch, n, nrhs), dtype)
+    for pivots in (piv, piv.astype(np.int64)):
+        assert _direct.solve_direct(LU, pivots, B) is not None
+        got, want = lu_core.lu_solve(LU, pivots, B), general(lu_core.lu_solve, LU, pivots, B)
+        _same((got,), (want,))
+
+
+def test_out_of_range_pivots_raise_as_the_general_path(general):
+    LU, piv = lu_core.lu_factor(np.eye(4) * 2)
+    bad = piv.copy()
+    bad[2] = 9
+    B = np.ones((4, 1))
+    with pytest.raises(lu_core.PivotError) as short:
+        lu_core.lu_solve(LU, bad, B)
+    with pytest.raises(lu_core.PivotError) as long:
+        general(lu_core.lu_solve, LU, bad, B)
+    assert str(short.value) == str(long.value)
+
+
+def test_everything_else_takes_the_general_path():
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((4, 4)) + 4 * np.eye(4)
+    LU, piv = lu_core.lu_factor(A)
+    B = rng.standard_normal((4, 2))
+    # Factor: batches, integer or float16 input, lists, empty matrices, sizes LAPACK takes.
+    for x in (np.stack([A, A]), A.astype(np.int64), A.astype(np.float16), A.tolist(), np.ones((0, 3))):
+        assert _direct.factor_direct(x, True) is None
+    assert _direct.factor_direct(np.eye(1000), True) is None
+    # Solve: broadcasting, a C-ordered LU, mixed dtypes, int16 pivots, vectors, mismatched shapes, lists.
+    for args in (
+        (LU, piv, np.stack([B, B])),
+        (np.ascontiguousarray(LU), piv, B),
+        (LU, piv, B.astype(np.float32)),
+        (LU, piv.astype(np.int16), B),
+        (LU, piv, B[:, 0]),
+        (LU, piv, B[:3]),
+        (LU, piv[:3], B),
+        (LU.tolist(), piv, B),
+        (LU, piv, np.ones((4, 0))),
+    ):
+        assert _direct.solve_direct(*args) is None
+    # ... and the public calls still answer them (or refuse them) as before.
+    np.testing.assert_allclose(lu_core.lu_solve(np.ascontiguousarray(LU), piv, B), np.linalg.solve(A, B))
+    with pytest.raises(lu_core.ShapeError):
+        lu_core.lu_solve(LU, piv, B[:3])
