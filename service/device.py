@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from lu_core._gpu import _tuning as _gpu_tuning  # the GPU dispatch table: plain Python, no CuPy import
 from service.config import Settings
 from service.errors import ServiceError, unavailable
 
@@ -75,14 +76,14 @@ def gpu_merges(name: str, tensors: Mapping[str, np.ndarray]) -> bool:
     kernels, chosen from the matrix's size: above them cuBLAS ``getrfBatched`` or a cuSOLVER call per
     matrix, and ``getrsBatched``, ``trsmBatched`` or cuSOLVER ``getrs``, are chosen from the batch count
     (``lu_core/_gpu/_factor.py``, ``_solve.py``). Those jobs run alone."""
-    from lu_core._gpu import _tuning  # (plain Python: no CuPy import)
-
     if name not in _GPU_MERGEABLE:
         return False
     matrix = tensors.get("A", tensors.get("LU"))
     if matrix is None or matrix.ndim < 2:
         return False
-    return max(matrix.shape[-2:]) <= min(_tuning.SMALL_FACTOR_MAX_N, _tuning.SMALL_SOLVE_MAX_N)
+    if name == "lu_unpack":
+        return True  # element-wise kernels, any size
+    return max(matrix.shape[-2:]) <= min(_gpu_tuning.SMALL_FACTOR_MAX_N, _gpu_tuning.SMALL_SOLVE_MAX_N)
 
 
 class DeviceUnavailableError(RuntimeError):

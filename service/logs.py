@@ -72,12 +72,18 @@ class _AccessLines:
         root, handler = logging.root, self.handler
         if ACCESS.filters or not (len(root.handlers) == 1 and root.handlers[0] is handler):
             return False
+        # Records made and dispatched by logging's own code (not a record factory or a patched
+        # Logger, as tracing and error-reporting integrations install, adding to every record).
+        if logging.getLogRecordFactory() is not logging.LogRecord or type(ACCESS) is not logging.Logger:
+            return False
+        if logging.Logger.callHandlers.__module__ != "logging" or logging.Logger.handle.__module__ != "logging":
+            return False
         if handler.level > logging.INFO or handler.formatter is not self.formatter:
             return False
         if len(handler.filters) != 1 or handler.filters[0] is not self.request_ids:
             return False
         logger: Any = ACCESS
-        while logger is not root:  # what Logger.callHandlers walks: service.access, service, ...
+        while logger is not None and logger is not root:  # what callHandlers walks: service.access, service, ...
             if logger.handlers or not logger.propagate:
                 return False
             logger = logger.parent

@@ -37,8 +37,8 @@ def factor_direct(A: Any, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarr
     s = np.empty((1, n, m), dtype=A.dtype)
     piv = np.empty((1, k), dtype=np.int32)
     info = np.zeros(1, dtype=np.int32)
-    _kernels.getrf.serial(src, transposed, s, piv, info, pivot)
-    return s[0].T, piv[0], info.reshape(())
+    _kernels.getrf(_backend._split(1, m * n * k), src, transposed, s, piv, info, pivot)
+    return s.swapaxes(1, 2).reshape(m, n), piv.reshape(k), info.reshape(())
 
 
 def solve_direct(LU: Any, pivots: Any, B: Any) -> np.ndarray | None:

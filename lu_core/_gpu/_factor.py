@@ -81,7 +81,9 @@ def _small(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, m: int, n: int, piv
     warps = max(1, min(_tuning.SMALL_BLOCK // _sources.WARP, _tuning.SHARED_BYTES // per_warp))
     fn = _sources.kernel("small_lu.cu", f"small_getrf<{_sources.CTYPE[s.dtype]}>")
     if per_warp > _tuning.SHARED_BYTES and fn.max_dynamic_shared_size_bytes < per_warp:
-        fn.max_dynamic_shared_size_bytes = per_warp  # opt in (own_kernel checked the device allows it)
+        # Opt in, to the device's limit (own_kernel checked per_warp is within it): one value whatever
+        # the size, so that two threads setting it at once never lower it under the other's launch.
+        fn.max_dynamic_shared_size_bytes = _device_optin()
     fn(
         _libs.grid(nb, warps),
         (warps * _sources.WARP,),

@@ -40,7 +40,7 @@ def _same(got, want) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(1, 1), (8, 8), (32, 32), (5, 3), (3, 7)])
+@pytest.mark.parametrize("shape", [(1, 1), (8, 8), (32, 32), (5, 3), (3, 7), (1, 5), (5, 1)])
 @pytest.mark.parametrize("layout", ["C", "F", "strided"])
 @pytest.mark.parametrize("pivot", [True, False])
 def test_factor_gives_the_general_paths_bits(general, dtype, shape, layout, pivot):

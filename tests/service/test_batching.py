@@ -542,6 +542,7 @@ def test_on_a_gpu_only_jobs_our_kernels_compute_are_merged():
     assert gpu_merges("lu_factor", {"A": np.ones((3, 20, 32))}) and gpu_merges("lu", {"A": np.ones((5, 3))})
     assert gpu_merges("lu_solve", {"LU": np.eye(8), "pivots": piv, "B": np.ones((8, 500))})  # any nrhs
     assert gpu_merges("lu_unpack", {"LU": np.eye(8), "pivots": piv})
+    assert gpu_merges("lu_unpack", {"LU": np.eye(100), "pivots": np.arange(1, 101, dtype=np.int32)})  # element-wise
     assert not gpu_merges("solve", {"A": np.eye(33), "B": np.ones(33)})  # cuBLAS / cuSOLVER by batch count
     assert not gpu_merges("lu_factor", {"A": np.ones((2, 40))})
     assert not gpu_merges("det", {"A": np.eye(4)}) and not gpu_merges("slogdet", {"A": np.eye(4)})

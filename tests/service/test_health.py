@@ -130,6 +130,13 @@ async def test_access_lines_skip_logging_only_while_nothing_else_would_see_them(
         assert not logs._lines.usable()
         monkeypatch.setattr(parent, "propagate", True)
         assert logs._lines.usable()
+        factory = logging.getLogRecordFactory()  # a tracing integration's factory adds to every record
+        logging.setLogRecordFactory(lambda *a, **k: factory(*a, **k))
+        try:
+            assert not logs._lines.usable()
+        finally:
+            logging.setLogRecordFactory(factory)
+        assert logs._lines.usable()
     finally:
         logs.ACCESS.removeHandler(spy)
         root.handlers[:], _ = saved[0], root.setLevel(saved[1])
