@@ -141,86 +141,74 @@ def gather(
     """
     if max_batch <= 1:
         return [first]
-    seen = list(pending)  # what pending must hold again if gathering fails
+    earlier = list(pending)  # older than anything taken below; pending holds them again if this fails
+    taken: list[Any] = []  # what this call takes from the queue, in arrival order
 
-    def taking(timeout: float | None) -> Any:
+    def taking(timeout: float | None) -> list[Any]:
         items = take(timeout)
-        seen.extend(items)
+        taken.extend(items)
         return items
 
     try:
-        return _gather(first, taking, pending, max_batch, max_elements, delay_s, is_job, is_barrier)
+        ahead: list[Any] = []
+        if not pending and delay_s <= 0:
+            # A lone job (nothing else queued, no delay to wait) runs as it is, without building its key.
+            try:
+                ahead = taking(None)
+            except queue.Empty:
+                return [first]
+        key = merge_key(first)
+        if key is None:
+            pending.extend(ahead)
+            return [first]
+        first_size = _elements(first)
+        batch, elements = [first], first_size
+        like_first = first.signature
+
+        def scan(items: Sequence[Any]) -> bool:
+            """Join what can of ``items``, in order, the others to ``pending``; False: look no further."""
+            nonlocal elements
+            for i, item in enumerate(items):
+                if len(batch) >= max_batch or is_barrier(item):
+                    pending.extend(items[i:])  # full, or a call or the stop: nothing after it runs first
+                    return False
+                if not is_job(item):
+                    pending.append(item)
+                    continue
+                # Most often a job is just like the first (clients sending the same kind of request): then
+                # its key and size are the first's, known without building them.
+                if like_first is not None and item.signature == like_first:
+                    size = first_size
+                elif merge_key(item) == key:
+                    size = _elements(item)
+                else:
+                    pending.append(item)
+                    continue
+                if elements + size > max_elements:
+                    pending.append(item)
+                    continue
+                batch.append(item)
+                elements += size
+            return True
+
+        pending.clear()
+        if not scan(earlier) or (ahead and not scan(ahead)):  # pending was empty if ahead: it is the oldest left
+            return batch
+        deadline = time.perf_counter() + delay_s
+        while len(batch) < max_batch:
+            remaining = deadline - time.perf_counter()
+            try:
+                items = taking(remaining if remaining > 0 else None)
+            except queue.Empty:
+                break
+            if not scan(items):
+                break
+        return batch
     except BaseException:
         pending.clear()
-        pending.extend(seen)
+        pending.extend(earlier)
+        pending.extend(taken)
         raise
-
-
-def _gather(
-    first: Any,
-    take: Callable[[float | None], Any],
-    pending: deque[Any],
-    max_batch: int,
-    max_elements: int,
-    delay_s: float,
-    is_job: Callable[[Any], bool],
-    is_barrier: Callable[[Any], bool],
-) -> list[Any]:
-    ahead: list[Any] = []
-    if not pending and delay_s <= 0:
-        # A lone job (nothing else queued, no delay to wait) runs as it is, without building its key.
-        try:
-            ahead = take(None)
-        except queue.Empty:
-            return [first]
-    key = merge_key(first)
-    if key is None:
-        pending.extend(ahead)
-        return [first]
-    first_size = _elements(first)
-    batch, elements = [first], first_size
-    like_first = first.signature
-
-    def scan(items: Sequence[Any]) -> bool:
-        """Join what can of ``items``, in order, the others to ``pending``; False: look no further."""
-        nonlocal elements
-        for i, item in enumerate(items):
-            if len(batch) >= max_batch or is_barrier(item):
-                pending.extend(items[i:])  # full, or a call or the stop: nothing after it runs first
-                return False
-            if not is_job(item):
-                pending.append(item)
-                continue
-            # Most often a job is just like the first (clients sending the same kind of request): then
-            # its key and size are the first's, known without building them.
-            if like_first is not None and item.signature == like_first:
-                size = first_size
-            elif merge_key(item) == key:
-                size = _elements(item)
-            else:
-                pending.append(item)
-                continue
-            if elements + size > max_elements:
-                pending.append(item)
-                continue
-            batch.append(item)
-            elements += size
-        return True
-
-    earlier = list(pending)
-    pending.clear()
-    if not scan(earlier) or (ahead and not scan(ahead)):  # pending was empty if ahead: it is the oldest left
-        return batch
-    deadline = time.perf_counter() + delay_s
-    while len(batch) < max_batch:
-        remaining = deadline - time.perf_counter()
-        try:
-            items = take(remaining if remaining > 0 else None)
-        except queue.Empty:
-            break
-        if not scan(items):
-            break
-    return batch
 
 
 Split = Callable[[dict[str, Any]], list[dict[str, Any]]]
