@@ -27,6 +27,8 @@ def compute_dtype(dtype: Any, argument: str) -> np.dtype:
     dt = np.dtype(dtype)
     if dt in SUPPORTED_DTYPES:
         return dt
+    if not dt.isnative and dt.newbyteorder("=") in _SUPPORTED:
+        return dt.newbyteorder("=")  # big-endian data (FITS, HDF5, network order) is computed in native order
     if dt.kind in "iu":
         return np.dtype(np.float64)
     raise DTypeError(

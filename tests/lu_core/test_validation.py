@@ -185,3 +185,60 @@ class _FakeCupyArray:
 def test_mixing_devices_is_an_error():
     with pytest.raises(lu_core.DeviceMismatchError, match="both CuPy"):
         lu_core.lu_solve(_FakeCupyArray(), np.ones(3, int), np.ones((3, 1)))
+
+
+def _swapped(x):
+    """``x`` in the other byte order (big-endian on every machine we run on), same values."""
+    x = np.asarray(x)
+    return x.astype(x.dtype.newbyteorder("S"))
+
+
+def _calls():
+    rng = np.random.default_rng(11)
+    A = rng.standard_normal((2, 4, 4))  # row exchanges in both matrices
+    B = rng.standard_normal((2, 4, 3))
+    LU, piv = lu_core.lu_factor(A)
+    P, L, U = lu_core.lu(A)
+    X = lu_core.solve(A, B)
+    dA, dB = rng.standard_normal(A.shape), rng.standard_normal(B.shape)
+    anorm = np.abs(A).sum(axis=-2).max(axis=-1)
+    # (name, function, arguments, which arguments are matrices or vectors of numbers to swap)
+    return [
+        ("lu_factor", lu_core.lu_factor, (A,), (0,)),
+        ("lu_factor_ex", lu_core.lu_factor_ex, (A,), (0,)),
+        ("lu", lu_core.lu, (A,), (0,)),
+        ("lu_unpack", lu_core.lu_unpack, (LU, piv), (0, 1)),
+        ("lu_solve", lu_core.lu_solve, (LU, piv, B), (0, 1, 2)),
+        ("solve", lu_core.solve, (A, B), (0, 1)),
+        ("det", lu_core.det, (A,), (0,)),
+        ("slogdet", lu_core.slogdet, (A,), (0,)),
+        ("pivots_to_permutation", lu_core.pivots_to_permutation, (piv, 4), (0,)),
+        ("lu_rcond", lu_core.lu_rcond, (LU, piv, anorm), (0, 1, 2)),
+        ("solve_refined", lu_core.solve_refined, (A, B), (0, 1)),
+        ("jvp.lu_factor", lu_core.jvp.lu_factor, (dA, LU, piv), (0, 1, 2)),
+        ("jvp.lu", lu_core.jvp.lu, (dA, P, L, U), (0, 1, 2, 3)),
+        ("jvp.lu_solve", lu_core.jvp.lu_solve, (LU, piv, X, dA, dB), (0, 1, 2, 3, 4)),
+        ("jvp.solve", lu_core.jvp.solve, (A, X, dA, dB), (0, 1, 2, 3)),
+        ("vjp.lu_factor", lu_core.vjp.lu_factor, (LU, piv, dA), (0, 1, 2)),
+        ("vjp.lu", lu_core.vjp.lu, (P, L, U, dA, dA), (0, 1, 2, 3, 4)),
+        ("vjp.lu_unpack", lu_core.vjp.lu_unpack, (dA, dA, 4, 4), (0, 1)),
+        ("vjp.lu_solve", lu_core.vjp.lu_solve, (LU, piv, B, X, dB), (0, 1, 2, 3, 4)),
+        ("vjp.solve", lu_core.vjp.solve, (A, B, X, dB), (0, 1, 2, 3)),
+    ]
+
+
+@pytest.mark.parametrize(("name", "fn", "args", "swap"), _calls(), ids=[c[0] for c in _calls()])
+def test_big_endian_input_gives_the_native_answer(name, fn, args, swap):
+    """Data read from big-endian files (FITS, HDF5, network order) is computed in native order;
+    the answer is the native call's, bit for bit, in native order."""
+    want = fn(*args)
+    got = fn(*(_swapped(a) if i in swap else a for i, a in enumerate(args)))
+    for g, w in zip(_leaves(got), _leaves(want), strict=True):
+        assert g.dtype == w.dtype and g.dtype.isnative
+        assert g.shape == w.shape and g.tobytes() == w.tobytes()
+
+
+def _leaves(x):
+    if isinstance(x, tuple):
+        return [leaf for item in x for leaf in _leaves(item)]
+    return [np.asarray(x)]
