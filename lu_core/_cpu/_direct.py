@@ -3,7 +3,7 @@
 On one 8 x 8 matrix the general path spent more time on its checks, broadcasting and dispatch
 (``lu_core._api``, :mod:`lu_core._cpu.backend`) than in its kernel: ``lu_solve`` 8.3 µs, of which
 0.5 in the kernel; ``lu_factor`` 5.1 µs (PyTorch: 7.8 and 4.4). These functions take only inputs that
-need none of that work (exact ``np.ndarray`` of a supported dtype; one matrix to factor, or
+need none of that work (exact ``np.ndarray`` of a supported dtype; matrices to factor, or
 factorizations and right-hand sides of the same batch, without broadcasting; shapes that agree;
 sizes the Numba kernels take), run the very kernels the general path runs on them, with the same
 twin (serial or parallel), and so return the same bits and raise the same errors
@@ -26,19 +26,20 @@ _FIRST = np.zeros(1, dtype=np.intp)  # problem 0 uses factorization 0 (broadcast
 
 
 def factor_direct(A: Any, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """``lu_factor_ex(A, pivot)``'s ``(LU, pivots, info)`` for one matrix the batched kernel factors."""
-    if type(A) is not np.ndarray or A.ndim != 2 or A.dtype not in _DTYPES:
+    """``lu_factor_ex(A, pivot)``'s ``(LU, pivots, info)`` for matrices the batched kernel factors."""
+    if type(A) is not np.ndarray or A.ndim < 2 or A.dtype not in _DTYPES:
         return None
-    m, n = A.shape
-    if not m or not n or not _backend._factor_by_kernel(max(m, n), A.dtype):
+    batch, (m, n) = A.shape[:-2], A.shape[-2:]
+    nb = math.prod(batch)
+    if not nb or not m or not n or not _backend._factor_by_kernel(max(m, n), A.dtype):
         return None  # (without pivoting the general path uses the kernel at any size; not needed here)
     k = min(m, n)
-    src, transposed = _backend._factor_source(A.reshape(1, m, n))
-    s = np.empty((1, n, m), dtype=A.dtype)
-    piv = np.empty((1, k), dtype=np.int32)
-    info = np.zeros(1, dtype=np.int32)
-    _kernels.getrf(_backend._split(1, m * n * k), src, transposed, s, piv, info, pivot)
-    return s.swapaxes(1, 2).reshape(m, n), piv.reshape(k), info.reshape(())
+    src, transposed = _backend._factor_source(A.reshape(nb, m, n))
+    s = np.empty((nb, n, m), dtype=A.dtype)
+    piv = np.empty((nb, k), dtype=np.int32)
+    info = np.zeros(nb, dtype=np.int32)
+    _kernels.getrf(_backend._split(nb, nb * m * n * k), src, transposed, s, piv, info, pivot)
+    return s.swapaxes(1, 2).reshape(*batch, m, n), piv.reshape(*batch, k), info.reshape(batch)
 
 
 def solve_direct(LU: Any, pivots: Any, B: Any) -> np.ndarray | None:

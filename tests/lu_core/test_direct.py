@@ -43,11 +43,18 @@ def _same(got, want) -> None:
 @pytest.mark.parametrize("shape", [(1, 1), (8, 8), (32, 32), (5, 3), (3, 7), (1, 5), (5, 1)])
 @pytest.mark.parametrize("layout", ["C", "F", "strided"])
 @pytest.mark.parametrize("pivot", [True, False])
-def test_factor_gives_the_general_paths_bits(general, dtype, shape, layout, pivot):
-    rng = np.random.default_rng(hash((shape, layout)) % 2**32)
-    A = _rand(rng, (2 * shape[0], shape[1]), dtype)[::2] if layout == "strided" else _rand(rng, shape, dtype)
+@pytest.mark.parametrize("batch", [(), (1,), (3,), (2, 1, 3)])
+def test_factor_gives_the_general_paths_bits(general, dtype, shape, layout, pivot, batch):
+    rng = np.random.default_rng(hash((shape, layout, batch)) % 2**32)
+    if layout == "strided":  # every other row, and every other matrix of the batch
+        A = _rand(
+            rng, (*batch[:-1], 2 * batch[-1], 2 * shape[0], shape[1]) if batch else (2 * shape[0], shape[1]), dtype
+        )
+        A = A[..., ::2, :, :][..., ::2, :] if batch else A[::2]
+    else:
+        A = _rand(rng, (*batch, *shape), dtype)
     if layout == "F":
-        A = np.asfortranarray(A)
+        A = np.asfortranarray(A) if not batch else np.ascontiguousarray(A.swapaxes(-1, -2)).swapaxes(-1, -2)
     assert _direct.factor_direct(A, pivot) is not None  # the short path is taken
     _same(lu_core.lu_factor_ex(A, pivot=pivot), general(lu_core.lu_factor_ex, A, pivot=pivot))
 
@@ -93,8 +100,8 @@ def test_everything_else_takes_the_general_path():
     A = rng.standard_normal((4, 4)) + 4 * np.eye(4)
     LU, piv = lu_core.lu_factor(A)
     B = rng.standard_normal((4, 2))
-    # Factor: batches, integer or float16 input, lists, empty matrices, sizes LAPACK takes.
-    for x in (np.stack([A, A]), A.astype(np.int64), A.astype(np.float16), A.tolist(), np.ones((0, 3))):
+    # Factor: integer or float16 input, lists, vectors, empty matrices or batches, sizes LAPACK takes.
+    for x in (A.astype(np.int64), A.astype(np.float16), A.tolist(), A[0], np.ones((0, 3)), np.ones((2, 0, 4, 4))):
         assert _direct.factor_direct(x, True) is None
     assert _direct.factor_direct(np.eye(1000), True) is None
     # Solve: broadcasting, a C-ordered LU, mixed dtypes, int16 pivots, vectors, mismatched shapes, lists.
