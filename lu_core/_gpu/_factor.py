@@ -33,7 +33,7 @@ import math
 import cupy as cp
 import numpy as np
 
-from lu_core._gpu import _libs, _sources, _tuning
+from lu_core._gpu import _launch, _libs, _sources, _tuning
 from lu_core._gpu._libs import cublas, cusolver
 
 
@@ -68,8 +68,9 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
                 _getrf_cusolver(s, piv, info, m, n, pivot)
             if not pivot:
                 piv[...] = cp.arange(1, k + 1, dtype=cp.int32)
+                grid, block, _ = _launch.per_matrix(nb)
                 _sources.kernel("kernels.cu", f"nopivot_refactor<{_sources.CTYPE[dt]}>")(
-                    (min(nb, 65535 * 16),), (_tuning.BLOCK,), (kept, s, info, np.int64(nb), np.int32(m), np.int32(n))
+                    grid, block, (kept, s, info, np.int64(nb), np.int32(m), np.int32(n))
                 )
     lu = s.swapaxes(1, 2).reshape(*batch, m, n)
     return lu, piv.reshape(*batch, k), info.reshape(batch)
@@ -77,19 +78,14 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
 
 def _small(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, m: int, n: int, pivot: bool) -> None:
     nb = s.shape[0]
-    per_warp = _tuning.warp_bytes(m, n, s.dtype)  # each warp's matrix in shared memory
-    warps = max(1, min(_tuning.SMALL_BLOCK // _sources.WARP, _tuning.SHARED_BYTES // per_warp))
+    grid, block, shared = _launch.small_getrf(nb, m, n, s.dtype)
     fn = _sources.kernel("small_lu.cu", f"small_getrf<{_sources.CTYPE[s.dtype]}>")
-    if per_warp > _tuning.SHARED_BYTES and fn.max_dynamic_shared_size_bytes < per_warp:
-        # Opt in, to the device's limit (own_kernel checked per_warp is within it): one value whatever
-        # the size, so that two threads setting it at once never lower it under the other's launch.
+    if shared > _tuning.SHARED_BYTES and fn.max_dynamic_shared_size_bytes < shared:
+        # Opt in, to the device's limit (own_kernel checked one matrix, one warp's share, is within it):
+        # one value whatever the size, so that two threads setting it at once never lower it under the
+        # other's launch.
         fn.max_dynamic_shared_size_bytes = _device_optin()
-    fn(
-        _libs.grid(nb, warps),
-        (warps * _sources.WARP,),
-        (s, piv, info, np.int64(nb), np.int32(m), np.int32(n), np.int32(pivot)),
-        shared_mem=warps * per_warp,
-    )
+    fn(grid, block, (s, piv, info, np.int64(nb), np.int32(m), np.int32(n), np.int32(pivot)), shared_mem=shared)
 
 
 def _getrf_batched(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, pivot: bool) -> None:

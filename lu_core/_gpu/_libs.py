@@ -1,4 +1,4 @@
-"""cuBLAS and cuSOLVER as the GPU backend uses them: handles, limits, launch shapes.
+"""cuBLAS and cuSOLVER as the GPU backend uses them: handles and limits.
 
 Handles are CuPy's, per device and shared with the rest of the process, so
 everything a call relies on is set at every call: the stream (CuPy's current
@@ -14,9 +14,8 @@ import numpy as np
 from cupy_backends.cuda.libs import cublas, cusolver
 
 from lu_core._errors import ShapeError
-from lu_core._gpu import _tuning
 
-__all__ = ["INT32_MAX", "blas_handle", "check_int32", "cublas", "cusolver", "grid", "prefix", "solver_handle"]
+__all__ = ["INT32_MAX", "blas_handle", "check_int32", "cublas", "cusolver", "prefix", "solver_handle"]
 
 #: The legacy cuBLAS / cuSOLVER API indexes a matrix with 32-bit integers.
 INT32_MAX = 2**31 - 1
@@ -63,8 +62,3 @@ def check_int32(argument: str, rows: int, cols: int) -> None:
             f"one {rows} x {cols} matrix has {rows * cols} elements, more than the 2^31 - 1 the GPU "
             "backend's cuBLAS / cuSOLVER calls can index; split the problem or use the CPU",
         )
-
-
-def grid(total: int, block: int = _tuning.BLOCK) -> tuple[int]:
-    """Blocks for a grid-stride kernel over ``total`` items (capped; the kernels loop)."""
-    return (max(1, min(65535 * 16, (total + block - 1) // block)),)

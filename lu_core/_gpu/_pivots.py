@@ -15,11 +15,9 @@ import cupy as cp
 import numpy as np
 
 from lu_core._errors import PivotError
-from lu_core._gpu import _libs, _sources, _tuning
+from lu_core._gpu import _launch, _sources
 
 _NO_BAD = np.uint64(np.iinfo(np.uint64).max)
-_SMALL_M = 32  # LU_CORE_SMALL_M in kernels.cu
-_SHARED_M = 12288  # m ints in 48 KiB of shared memory
 
 
 def check_pivots(pivots: cp.ndarray, m: int) -> cp.ndarray:
@@ -32,8 +30,9 @@ def check_pivots(pivots: cp.ndarray, m: int) -> cp.ndarray:
     first_bad = cp.full(1, _NO_BAD, dtype=cp.uint64)
     ctype = _sources.PIVOT_CTYPE[(flat.dtype.itemsize, flat.dtype.kind == "i")]
     total = flat.size
+    grid, block, _ = _launch.elementwise(total)
     _sources.kernel("kernels.cu", f"check_pivots<{ctype}>")(
-        _libs.grid(total), (_tuning.BLOCK,), (flat, piv0, np.int64(total), np.int64(m), first_bad)
+        grid, block, (flat, piv0, np.int64(total), np.int64(m), first_bad)
     )
     bad = first_bad.get()[0]  # one 8-byte copy: the error must be raised on the host
     if bad != _NO_BAD:
@@ -59,12 +58,7 @@ def permutations(piv0: cp.ndarray, m: int) -> cp.ndarray:
     perm = cp.empty((nb, m), dtype=cp.int32)
     if not perm.size:
         return perm
+    name, (grid, block, shared) = _launch.permutations(nb, m)
     args = (piv0, perm, np.int64(nb), np.int32(k), np.int32(m))
-    blocks = (min(nb, 65535 * 16),)
-    if m <= _SMALL_M:
-        _sources.kernel("kernels.cu", "perm_small")(_libs.grid(nb), (_tuning.BLOCK,), args)
-    elif m <= _SHARED_M:
-        _sources.kernel("kernels.cu", "perm_shared")(blocks, (256,), args, shared_mem=4 * m)
-    else:
-        _sources.kernel("kernels.cu", "perm_global")(blocks, (256,), args)
+    _sources.kernel("kernels.cu", name)(grid, block, args, shared_mem=shared)
     return perm

@@ -23,7 +23,7 @@ import math
 import cupy as cp
 import numpy as np
 
-from lu_core._gpu import _libs, _sources, _tuning
+from lu_core._gpu import _launch, _libs, _sources, _tuning
 from lu_core._gpu._broadcast import block_offsets, element_strides
 from lu_core._gpu._libs import cublas, cusolver
 from lu_core._gpu._pivots import permutations
@@ -92,11 +92,8 @@ def lu_solve(
             out = cp.empty_like(w)
             out3 = out.reshape(nprob, nrhs, n)
             fn = _sources.kernel("kernels.cu", f"scatter_rows<{_sources.CTYPE[dt]}>")
-            fn(
-                _libs.grid(w3.size),
-                (_tuning.BLOCK,),
-                (w3, out3, perm, index, np.int64(nprob), np.int32(nrhs), np.int32(n)),
-            )
+            grid, block, _ = _launch.elementwise(w3.size)
+            fn(grid, block, (w3, out3, perm, index, np.int64(nprob), np.int32(nrhs), np.int32(n)))
             w, w3 = out, out3
     if conj_io:
         cp.conjugate(w3, out=w3)
@@ -119,9 +116,10 @@ def _gather(
     src, offsets, s_rhs, s_row = _offsets(rhs, out_batch)
     dummy = cp.empty(1, dtype=cp.int32)
     fn = _sources.kernel("kernels.cu", f"gather_rhs<{_sources.CTYPE[w3.dtype]}>")
+    grid, block, _ = _launch.elementwise(w3.size)
     fn(
-        _libs.grid(w3.size),
-        (_tuning.BLOCK,),
+        grid,
+        block,
         (
             src,
             offsets,
@@ -142,12 +140,8 @@ def _gather(
 def _small(s: cp.ndarray, piv0: cp.ndarray, index: cp.ndarray, w3: cp.ndarray, op: int) -> None:
     nprob, nrhs, n = w3.shape
     fn = _sources.kernel("small_lu.cu", f"small_getrs<{_sources.CTYPE[w3.dtype]}>")
-    warps_per_block = _tuning.SMALL_BLOCK // _sources.WARP
-    fn(
-        _libs.grid(nprob * nrhs, warps_per_block),
-        (_tuning.SMALL_BLOCK,),
-        (s, piv0, index, w3, np.int64(nprob), np.int32(nrhs), np.int32(n), np.int32(op)),
-    )
+    grid, block, _ = _launch.small_getrs(nprob * nrhs)
+    fn(grid, block, (s, piv0, index, w3, np.int64(nprob), np.int32(nrhs), np.int32(n), np.int32(op)))
 
 
 def _pointers(base: cp.ndarray, index: cp.ndarray, step_bytes: int) -> cp.ndarray:

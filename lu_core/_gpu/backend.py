@@ -38,7 +38,7 @@ import cupy as cp
 import numpy as np
 
 from lu_core._errors import DeviceMismatchError, DTypeError
-from lu_core._gpu import _factor, _libs, _pivots, _solve, _sources, _tuning
+from lu_core._gpu import _factor, _launch, _pivots, _solve, _sources
 from lu_core._layout import plan_split
 
 
@@ -93,9 +93,10 @@ class GpuBackend:
         p_mat = cp.empty((nb, m, m), dt) if want_p else cp.empty(0, dt)
         total = (nb * m * n if unpack_data else 0) + (nb * m * m if want_p else 0)
         if total:
+            grid, block, _ = _launch.elementwise(total)
             _sources.kernel("kernels.cu", f"unpack<{_sources.CTYPE[dt]}>")(
-                _libs.grid(total),
-                (_tuning.BLOCK,),
+                grid,
+                block,
                 (
                     plan.src,
                     lower,
