@@ -98,6 +98,23 @@ def _div_impl(x, d):
     return lambda x, d: x / d
 
 
+def _recip(d):
+    """``1 / d`` in ``d``'s own precision, as LAPACK's ``?getf2`` scales by ``ONE / A(J, J)``.
+
+    A plain ``1 / d`` types as float64 (complex128) in Numba for float32 (complex64) ``d``,
+    so the multipliers were scaled by a double reciprocal and rounded once more: up to an
+    ulp away from LAPACK's single-precision result and from the GPU kernel's
+    (``small_lu.cu``), found by running that kernel on the host (test_kernels_emulated.py).
+    """
+    return 1 / d
+
+
+@overload(_recip, jit_options=_HELPER, inline="always")
+def _recip_impl(d):
+    one = nb.np.numpy_support.as_dtype(d).type(1)
+    return lambda d: one / d
+
+
 # Update loops at least this long run over 1-D views indexed from 0, which LLVM vectorizes
 # (over ``range(lo, hi)`` of the 2-D array it does not: 4-5x slower at n = 512); shorter
 # ones stay plain loops, cheaper at n = 8 where a vector loop's set-up (views, alias
@@ -165,11 +182,11 @@ def _getf2(a, piv, pivot):
             if first_zero == 0:
                 first_zero = j + 1
         elif short:
-            r = 1 / d
+            r = _recip(d)
             for i in range(j + 1, m):
                 a[j, i] *= r
         else:
-            _scale(col, 1 / d, j + 1, m)
+            _scale(col, _recip(d), j + 1, m)
         for c in range(j + 1, n):
             f = a[c, j]
             if f != 0:

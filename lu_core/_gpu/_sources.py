@@ -4,7 +4,9 @@ Every ``.cu`` file beside this module is compiled by NVRTC through
 ``cupy.RawModule`` with its options from :data:`SOURCES`, after CuPy's
 ``<cupy/complex.cuh>``, and instantiated per dtype with its name expressions; the
 test suite compiles the very ``RawModule`` objects :func:`raw_module` builds
-(tests/lu_core/_gpu/test_cuda_sources.py), so what CI compiles is what runs.
+(tests/lu_core/_gpu/test_cuda_sources.py), so what CI compiles is what runs, and
+runs the same sources and name expressions on the host under an emulation of
+CUDA (tests/lu_core/_gpu/test_kernels_emulated.py).
 Compiled modules are memoised per device, kernel function objects per device
 and name, so a launch costs no lookup.
 
@@ -50,9 +52,6 @@ PIVOT_CTYPE = {
     (8, True): "long long",
     (8, False): "unsigned long long",
 }
-
-#: Rows of a small factorization are the lanes of one warp.
-WARP = 32
 
 
 def _generic_names() -> tuple[str, ...]:

@@ -196,14 +196,19 @@ __global__ void small_getrs(const T* __restrict__ s, const int* __restrict__ piv
                 if (xj != T(0) && lane < j) x -= a[(long long)j * n + lane] * xj;
             }
         } else {
-            for (int j = 0; j < n; ++j) {  // op(U) y = b: op(U) is lower triangular
+            // LAPACK's order (?trsm with a transposed triangle): each entry is its right-hand side minus
+            // the products with the entries before it in the solve's order, ascending, then divided;
+            // no zero test (trsm makes none on this side). So the CPU backend's bits.
+            for (int j = 0; j < n; ++j) {  // op(U) y = b: lower triangular, lane i subtracting j = 0 .. i - 1
                 if (lane == j) x = x / maybe_conj_small(a[(long long)j * n + j], cj);
                 const T xj = shfl(x, j);
-                if (xj != T(0) && mine && lane > j) x -= maybe_conj_small(a[(long long)lane * n + j], cj) * xj;
+                if (mine && lane > j) x -= maybe_conj_small(a[(long long)lane * n + j], cj) * xj;
             }
-            for (int j = n - 1; j >= 0; --j) {  // op(L) z = y: unit upper triangular
-                const T xj = shfl(x, j);
-                if (xj != T(0) && lane < j) x -= maybe_conj_small(a[(long long)lane * n + j], cj) * xj;
+            for (int i = n - 2; i >= 0; --i) {  // op(L) z = y: unit upper triangular, z_i after every z_k, k > i
+                for (int k = i + 1; k < n; ++k) {  // ascending k: a dot product on lane i, n^2 / 2 shuffles in all
+                    const T zk = shfl(x, k);
+                    if (lane == i) x -= maybe_conj_small(a[(long long)i * n + k], cj) * zk;
+                }
             }
             for (int i = n - 1; i >= 0; --i) {  // x = P z: the swaps in reverse
                 const int q = p[i];

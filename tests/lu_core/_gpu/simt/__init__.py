@@ -1,0 +1,150 @@
+"""The GPU backend's own kernels, compiled for the host and run under simt.h's emulation of CUDA.
+
+A check of the kernels' logic where no GPU is lent: the very ``.cu`` files of
+``lu_core/_gpu`` (read through ``_sources``, with their name expressions), compiled by
+the host's C++ compiler against ``simt.h`` and launched with the backend's own launch
+shapes (``lu_core._gpu._launch``). The only edit to a source is the form of its
+``extern __shared__`` declarations, which become pointers to the block's dynamic
+shared memory (:func:`host_source`; the line numbers stay the source's).
+
+Two builds: AddressSanitizer + UndefinedBehaviorSanitizer (``"address"``: out-of-bounds
+accesses, shared memory included, signed overflow) and ThreadSanitizer (``"thread"``:
+threads of a block touching the same memory without a barrier between them). Both are
+compiled once per test session.
+
+What this cannot see: the device's compiler (NVRTC compiles these sources in
+``test_cuda_sources.py``), its floating-point contraction (``--fmad=false`` for
+``small_lu.cu``), Thrust's complex arithmetic, timing, and everything outside these
+kernels (cuBLAS, cuSOLVER, CuPy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+
+import numpy as np
+
+from lu_core._gpu import _sources
+
+HERE = pathlib.Path(__file__).parent
+
+_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Za-z_][\w ]*?)\s+(\w+)\s*\[\s*\]\s*;")
+
+FLAGS = {
+    "address": ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"),
+    "thread": ("-fsanitize=thread",),
+}
+
+
+def compiler() -> str | None:
+    return shutil.which(os.environ.get("CXX", "g++"))
+
+
+def host_source(source: str) -> str:
+    """``source``'s text for the host: each ``extern __shared__ T name[];`` becomes a pointer to the
+    block's dynamic shared memory. Raises if the source has a declaration the pattern misses."""
+    text = (_sources._HERE / source).read_text()
+    rewritten, count = _SHARED.subn(r"\1* \2 = simt::dynamic_shared<\1>();", text)
+    if rewritten.count("__shared__") != 0 or text.count("extern __shared__") != count:
+        raise AssertionError(f"{source}: a __shared__ declaration the host build does not know how to emulate")
+    return rewritten
+
+
+def _namespace(source: str) -> str:
+    return "src_" + re.sub(r"\W", "_", source.removesuffix(".cu"))
+
+
+def translation_unit() -> str:
+    """One C++ file: every source in its own namespace, then the table of its name expressions."""
+    parts = ['#include "simt.h"', ""]
+    for source in sorted(_sources.SOURCES):
+        path = (_sources._HERE / source).resolve()
+        parts += [f"namespace {_namespace(source)} {{", f'#line 1 "{path}"', host_source(source), "}", ""]
+    parts += ['#include "runner.h"', "", "const simt::Entry simt_entries[] = {"]
+    count = 0
+    for source, (_, names) in sorted(_sources.SOURCES.items()):
+        for name in names:
+            fn = f"&{_namespace(source)}::{name}"
+            parts.append(f'    {{"{source}", "{name}", simt::entry({fn}).first, simt::entry({fn}).second}},')
+            count += 1
+    parts += ["};", f"const std::size_t simt_entry_count = {count};", ""]
+    return "\n".join(parts)
+
+
+def build(sanitizer: str, directory: pathlib.Path) -> pathlib.Path:
+    """The runner built with ``sanitizer`` in ``directory`` (reused while the sources are the same)."""
+    cxx = compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler (g++, or $CXX)")
+    code = translation_unit()
+    command = [
+        cxx,
+        "-std=c++20",
+        "-O1",
+        "-g",
+        "-pthread",
+        "-Wall",
+        "-Werror",
+        "-Wno-unknown-pragmas",
+        *FLAGS[sanitizer],
+        "-I",
+        str(HERE),
+    ]
+    key = hashlib.sha256(
+        "\0".join([code, (HERE / "simt.h").read_text(), (HERE / "runner.h").read_text(), *command]).encode()
+    ).hexdigest()[:16]
+    exe = directory / f"runner-{sanitizer}-{key}"
+    if not exe.exists():
+        unit = directory / f"unit-{key}.cpp"
+        unit.write_text(code)
+        done = subprocess.run([*command, str(unit), "-o", str(exe)], capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"the host build of the kernels failed:\n{done.stderr[-6000:]}")
+    return exe
+
+
+class KernelFailed(RuntimeError):
+    """The emulated launch stopped: a sanitizer report, a deadlock, a divergent barrier or shuffle."""
+
+
+def run(
+    exe: pathlib.Path,
+    source: str,
+    name: str,
+    launch: tuple[tuple[int], tuple[int], int],
+    args: Sequence[object],
+    timeout: float = 300,
+) -> None:
+    """Launch kernel ``name`` of ``source`` on ``args`` as CuPy would: arrays (C-contiguous, updated in
+    place from the kernel's writes) become pointers, NumPy integer scalars integers of their width."""
+    (grid,), (block,), shared = launch
+    with tempfile.TemporaryDirectory(prefix="simt-") as tmp:
+        lines = [f"kernel {source} {name}", f"launch {grid} {block} {shared}"]
+        buffers = []
+        for i, a in enumerate(args):
+            if isinstance(a, np.ndarray):
+                if not a.flags.c_contiguous:
+                    raise ValueError(f"argument {i}: the kernels take C-contiguous arrays")
+                path = pathlib.Path(tmp) / f"{i}.bin"
+                path.write_bytes(a.tobytes())
+                lines.append(f"buf {path} {a.nbytes}")
+                buffers.append((a, path))
+            elif isinstance(a, np.integer):
+                lines.append(f"int {a.dtype.itemsize} {int(a.dtype.kind == 'i')} {int(a)}")
+            else:
+                raise TypeError(f"argument {i}: {type(a).__name__} (CuPy takes arrays and NumPy scalars)")
+        spec = pathlib.Path(tmp) / "spec"
+        spec.write_text("\n".join(lines) + "\n")
+        env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=0", "TSAN_OPTIONS": "halt_on_error=1"}
+        done = subprocess.run([str(exe), str(spec)], capture_output=True, text=True, timeout=timeout, env=env)
+        if done.returncode:
+            raise KernelFailed(f"{source} {name} {launch}: exit {done.returncode}\n{done.stderr[-8000:]}")
+        for a, path in buffers:
+            a[...] = np.frombuffer(path.read_bytes(), dtype=a.dtype).reshape(a.shape)

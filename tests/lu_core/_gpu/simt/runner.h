@@ -1,0 +1,171 @@
+// The launcher of the emulated kernels (see simt.h): one launch per process.
+//
+//     runner SPEC
+//
+// SPEC is a text file, one item per line:
+//
+//     kernel SOURCE NAME           a name expression of _sources.SOURCES, e.g. small_lu.cu small_getrf<double>
+//     launch GRID BLOCK SHARED     one-dimensional grid and block, dynamic shared memory in bytes
+//     buf PATH BYTES               a pointer argument: the file's bytes, read before and written back after
+//     int BYTES SIGNED VALUE       an integer argument of that width and signedness
+//
+// Arguments must match the kernel's parameters in number, kind (pointer or
+// integer) and integer width and signedness, as CuPy requires of a launch's
+// NumPy scalars: a mismatch stops the run. Each buffer lives in a heap block of
+// exactly its size, so AddressSanitizer reports a kernel reading or writing
+// past an array's end.
+//
+// The file that includes this one defines simt_entries, from the kernels.
+
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include "simt.h"
+
+namespace simt {
+
+struct Arg {
+    bool is_buffer = false;
+    void* ptr = nullptr;
+    std::size_t bytes = 0;  // buffer size, or the integer's width
+    bool is_signed = false;
+    long long value = 0;
+};
+
+template <typename P>
+P convert(const Arg& a, std::size_t index) {
+    char msg[200];
+    if constexpr (std::is_pointer<P>::value) {
+        if (!a.is_buffer) {
+            std::snprintf(msg, sizeof msg, "argument %zu: the kernel takes a pointer, the launch gives an integer",
+                          index);
+            fail(msg);
+        }
+        return static_cast<P>(a.ptr);
+    } else {
+        static_assert(std::is_integral<P>::value, "kernel parameters are pointers or integers");
+        if (a.is_buffer || a.bytes != sizeof(P) || a.is_signed != std::is_signed<P>::value) {
+            std::snprintf(msg, sizeof msg,
+                          "argument %zu: the kernel takes a %zu-byte %s integer, the launch gives %s", index,
+                          sizeof(P), std::is_signed<P>::value ? "signed" : "unsigned",
+                          a.is_buffer ? "a buffer" : (a.is_signed ? "a signed integer" : "an unsigned integer"));
+            fail(msg);
+        }
+        return static_cast<P>(a.value);
+    }
+}
+
+struct Entry {
+    const char* source;
+    const char* name;
+    std::size_t arity;
+    std::function<void(const std::vector<Arg>&)> call;
+};
+
+template <typename... P, std::size_t... I>
+void call_with(void (*kernel)(P...), const std::vector<Arg>& args, std::index_sequence<I...>) {
+    kernel(convert<P>(args[I], I)...);
+}
+
+template <typename... P>
+std::pair<std::size_t, std::function<void(const std::vector<Arg>&)>> entry(void (*kernel)(P...)) {
+    return {sizeof...(P), [kernel](const std::vector<Arg>& args) {
+                call_with(kernel, args, std::index_sequence_for<P...>{});
+            }};
+}
+
+// Each of the block's threads is one OS thread, which runs its part of every block in turn: a block's
+// threads run together, blocks one after another per thread (two blocks may overlap, as on a device).
+inline void launch(const Entry& e, const std::vector<Arg>& args, unsigned grid, unsigned threads,
+                   std::size_t shared) {
+    grid_dim = dim3{grid, 1, 1};
+    block_dim = dim3{threads, 1, 1};
+    std::vector<std::unique_ptr<Block>> blocks;
+    blocks.reserve(grid);
+    for (unsigned b = 0; b < grid; ++b) blocks.push_back(std::make_unique<Block>(static_cast<int>(threads), shared));
+    std::vector<std::thread> pool;
+    pool.reserve(threads);
+    for (unsigned t = 0; t < threads; ++t) {
+        pool.emplace_back([&, t] {
+            thread_idx = dim3{t, 1, 1};
+            for (unsigned b = 0; b < grid; ++b) {
+                block_idx = dim3{b, 1, 1};
+                block = blocks[b].get();
+                e.call(args);
+                block->barrier.leave();
+                if (threads % 32 == 0) block->warps[t / 32].barrier.leave();
+            }
+        });
+    }
+    for (auto& th : pool) th.join();
+}
+
+}  // namespace simt
+
+extern const simt::Entry simt_entries[];
+extern const std::size_t simt_entry_count;
+
+int main(int argc, char** argv) {
+    if (argc != 2) simt::fail("usage: runner SPEC");
+    std::ifstream spec(argv[1]);
+    if (!spec) simt::fail("cannot read the spec");
+    std::string line, source, name;
+    unsigned grid = 0, threads = 0;
+    std::size_t shared = 0;
+    std::vector<simt::Arg> args;
+    std::vector<std::string> paths;
+    while (std::getline(spec, line)) {
+        std::istringstream in(line);
+        std::string what;
+        in >> what;
+        if (what == "kernel") {
+            in >> source;
+            std::getline(in >> std::ws, name);
+        } else if (what == "launch") {
+            in >> grid >> threads >> shared;
+        } else if (what == "buf") {
+            simt::Arg a;
+            std::string path;
+            in >> path >> a.bytes;
+            a.is_buffer = true;
+            a.ptr = std::malloc(a.bytes ? a.bytes : 1);
+            std::ifstream f(path, std::ios::binary);
+            if (!a.ptr || !f.read(static_cast<char*>(a.ptr), static_cast<std::streamsize>(a.bytes)))
+                simt::fail("cannot read a buffer");
+            args.push_back(a);
+            paths.push_back(path);
+        } else if (what == "int") {
+            simt::Arg a;
+            int is_signed = 0;
+            in >> a.bytes >> is_signed >> a.value;
+            a.is_signed = is_signed != 0;
+            args.push_back(a);
+            paths.emplace_back();
+        } else if (!what.empty()) {
+            simt::fail("unknown spec line");
+        }
+    }
+    const simt::Entry* e = nullptr;
+    for (std::size_t i = 0; i < simt_entry_count; ++i) {
+        if (source == simt_entries[i].source && name == simt_entries[i].name) e = &simt_entries[i];
+    }
+    if (!e) simt::fail("no such kernel among the name expressions");
+    if (e->arity != args.size()) simt::fail("wrong number of arguments for the kernel");
+    if (grid == 0 || threads == 0 || threads > 1024) simt::fail("launch shape out of CUDA's range");
+    simt::launch(*e, args, grid, threads, shared);
+    for (std::size_t i = 0; i < args.size(); ++i) {
+        if (!args[i].is_buffer) continue;
+        std::ofstream f(paths[i], std::ios::binary | std::ios::trunc);
+        f.write(static_cast<const char*>(args[i].ptr), static_cast<std::streamsize>(args[i].bytes));
+        std::free(args[i].ptr);
+    }
+    return 0;
+}

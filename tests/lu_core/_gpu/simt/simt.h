@@ -1,0 +1,209 @@
+// CUDA's execution model on the host, for the GPU backend's own kernels.
+//
+// Not a GPU and not a CUDA compiler: a check of the kernels' logic where no
+// device is lent. The kernel sources (kernels.cu, small_lu.cu, unchanged but for
+// the `extern __shared__` declarations, see simt.py) are compiled by the host
+// C++ compiler against this header and launched with the backend's own launch
+// shapes (lu_core/_gpu/_launch.py). Every thread of a block is an OS thread;
+// the blocks of a grid run one after another (CUDA promises no order between
+// blocks). What is emulated, and checked on the way:
+//
+// * __syncthreads, __syncwarp: barriers of the block's / the warp's threads.
+//   A thread that never arrives (divergence around a barrier), or that has
+//   left the kernel while others wait, stops the run with a message.
+// * __shfl_sync, __shfl_xor_sync: the warp's lanes exchange values through a
+//   barrier. Only the full mask and width 32 are used by the kernels and
+//   emulated; all 32 lanes must reach the same shuffle (the same source line),
+//   otherwise the run stops (on the device: undefined behaviour).
+// * dynamic shared memory: a heap block of exactly the launch's size per
+//   block, so AddressSanitizer reports any access beyond it; global buffers
+//   are heap blocks of exactly their arrays' sizes (runner.cpp).
+// * atomicMin on unsigned long long.
+// * complex<T> is std::complex<T> (CuPy's is Thrust's): same operations, not
+//   necessarily the same rounding for complex products and quotients.
+//
+// Built with AddressSanitizer + UndefinedBehaviorSanitizer (out-of-bounds
+// accesses, signed overflow in index arithmetic) and, separately, with
+// ThreadSanitizer (two threads touching the same memory without a barrier
+// between them: a missing __syncwarp / __syncthreads).
+
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <complex>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+
+template <typename T>
+using complex = std::complex<T>;
+using std::conj;
+using std::fabs;
+
+namespace simt {
+
+[[noreturn]] inline void fail(const char* what) {
+    std::fprintf(stderr, "simt: %s\n", what);
+    std::fflush(stderr);
+    std::_Exit(3);
+}
+
+// Seconds a barrier waits for its last thread before calling the run a deadlock.
+inline int timeout_s = 60;
+
+class Barrier {
+  public:
+    explicit Barrier(int expected) : expected_(expected) {}
+
+    void arrive_and_wait(const char* what, int line) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (arrived_ == 0) {
+            line_ = line;
+        } else if (line != line_) {
+            char msg[256];
+            std::snprintf(msg, sizeof msg, "%s at line %d while others wait at line %d (divergent barrier)", what,
+                          line, line_);
+            fail(msg);
+        }
+        check_exited(what, line);
+        const unsigned long generation = generation_;
+        if (++arrived_ == expected_) {
+            arrived_ = 0;
+            ++generation_;
+            cv_.notify_all();
+            return;
+        }
+        if (!cv_.wait_for(lock, std::chrono::seconds(timeout_s),
+                          [&] { return generation_ != generation || exited_ > 0; })) {
+            char msg[256];
+            std::snprintf(msg, sizeof msg, "%s at line %d: %d of %d threads arrived, the rest never did", what, line,
+                          arrived_, expected_);
+            fail(msg);
+        }
+        if (generation_ == generation) check_exited(what, line);
+    }
+
+    // A thread has left the kernel: any barrier it is part of can no longer complete.
+    void leave() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++exited_;
+        if (arrived_ > 0) check_exited("barrier", line_);
+        cv_.notify_all();
+    }
+
+  private:
+    void check_exited(const char* what, int line) {
+        if (exited_ > 0) {
+            char msg[256];
+            std::snprintf(msg, sizeof msg, "%s at line %d waits for %d thread(s) that have left the kernel", what,
+                          line, exited_);
+            fail(msg);
+        }
+    }
+
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    const int expected_;
+    int arrived_ = 0;
+    int exited_ = 0;
+    int line_ = 0;
+    unsigned long generation_ = 0;
+};
+
+struct Warp {
+    Barrier barrier{32};
+    alignas(16) unsigned char slot[32][16];
+};
+
+struct Block {
+    explicit Block(int threads, std::size_t shared_bytes)
+        : barrier(threads), warps(threads / 32), shared(std::malloc(shared_bytes ? shared_bytes : 1)) {
+        if (!shared) fail("out of memory for shared memory");
+    }
+    ~Block() { std::free(shared); }
+    Barrier barrier;
+    std::vector<Warp> warps;
+    void* shared;
+};
+
+inline dim3 grid_dim, block_dim;
+inline thread_local dim3 thread_idx, block_idx;
+inline thread_local Block* block = nullptr;
+
+template <typename T>
+T* dynamic_shared() {
+    return static_cast<T*>(block->shared);
+}
+
+inline Warp& warp() {
+    if (block_dim.x % 32 != 0) fail("a warp operation in a block that is not a whole number of warps");
+    return block->warps[thread_idx.x / 32];
+}
+
+inline void syncthreads(int line) { block->barrier.arrive_and_wait("__syncthreads", line); }
+
+inline void syncwarp(int line, unsigned mask = 0xffffffffu) {
+    if (mask != 0xffffffffu) fail("__syncwarp with a partial mask (not emulated)");
+    warp().barrier.arrive_and_wait("__syncwarp", line);
+}
+
+template <typename T>
+T shuffle(int line, unsigned mask, T value, int width, int source_of(int lane, int arg), int arg) {
+    static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 16, "shuffle of this type");
+    if (mask != 0xffffffffu) fail("shuffle with a partial mask (not emulated)");
+    if (width != 32) fail("shuffle with a width other than 32 (not emulated)");
+    Warp& w = warp();
+    const int lane = static_cast<int>(thread_idx.x % 32);
+    std::memcpy(w.slot[lane], &value, sizeof(T));
+    w.barrier.arrive_and_wait("shuffle (write)", line);  // every lane's value is in its slot
+    T out;
+    std::memcpy(&out, w.slot[source_of(lane, arg) & 31], sizeof(T));
+    w.barrier.arrive_and_wait("shuffle (read)", line);  // every lane has read before any slot changes
+    return out;
+}
+
+inline int from_lane(int, int src) { return src; }
+inline int xor_lane(int lane, int mask) { return lane ^ mask; }
+
+template <typename T>
+T shfl_idx(int line, unsigned mask, T value, int src, int width = 32) {
+    return shuffle(line, mask, value, width, from_lane, src);
+}
+
+template <typename T>
+T shfl_xor(int line, unsigned mask, T value, int lanes, int width = 32) {
+    return shuffle(line, mask, value, width, xor_lane, lanes);
+}
+
+}  // namespace simt
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __align__(n) alignas(n)
+#define threadIdx simt::thread_idx
+#define blockIdx simt::block_idx
+#define blockDim simt::block_dim
+#define gridDim simt::grid_dim
+#define __syncthreads() simt::syncthreads(__LINE__)
+#define __syncwarp(...) simt::syncwarp(__LINE__ __VA_OPT__(, ) __VA_ARGS__)
+#define __shfl_sync(...) simt::shfl_idx(__LINE__, __VA_ARGS__)
+#define __shfl_xor_sync(...) simt::shfl_xor(__LINE__, __VA_ARGS__)
+
+inline unsigned long long atomicMin(unsigned long long* address, unsigned long long value) {
+    std::atomic_ref<unsigned long long> a(*address);
+    unsigned long long old = a.load();
+    while (value < old && !a.compare_exchange_weak(old, value)) {
+    }
+    return old;
+}

@@ -1,0 +1,476 @@
+"""The GPU backend's own CUDA kernels, run on the host under an emulation of CUDA (``simt``).
+
+No GPU needed, and not a GPU test: the very ``kernels.cu`` and ``small_lu.cu``, compiled
+for the host against ``simt/simt.h``, launched with the backend's launch shapes
+(``lu_core._gpu._launch``) and arguments of the types the backend passes, and
+compared with the CPU backend, which is checked against LAPACK and PyTorch
+elsewhere. Real dtypes must give the CPU backend's bits (the same operations in the
+same order); complex ones its pivots and values to rounding (the host's
+``std::complex`` is not Thrust's). Every run is under AddressSanitizer +
+UndefinedBehaviorSanitizer; a subset also under ThreadSanitizer, which reports
+threads of a block touching the same memory without a barrier between them.
+The last tests break a kernel on purpose to show each check fails.
+
+What runs on a device (the NVRTC build, cuBLAS, cuSOLVER, CuPy's launch) is
+checked by ``test_cuda_sources.py`` (compile) and the ``gpu``-marked tests (a lent GPU).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cupy", reason="make test installs cupy-cuda13x; the kernel sources' table needs it")
+
+from lu_core._cpu import _kernels, backend
+from lu_core._gpu import _broadcast, _launch, _sources, _tuning
+from lu_core._layout import plan_split
+from tests.lu_core._gpu import simt
+
+if simt.compiler() is None:
+    pytest.skip("no C++ compiler to build the kernels for the host", allow_module_level=True)
+
+DTYPES = [np.float32, np.float64, np.complex64, np.complex128]
+OPTIN = 227 * 1024  # an H100's opt-in shared memory per block
+
+
+@pytest.fixture(scope="session")
+def build_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("simt")
+
+
+@pytest.fixture(scope="session")
+def asan(build_dir):
+    return simt.build("address", build_dir)
+
+
+@pytest.fixture(scope="session")
+def tsan(build_dir):
+    return simt.build("thread", build_dir)
+
+
+def _rand(rng, shape, dtype):
+    x = rng.standard_normal(shape)
+    if np.dtype(dtype).kind == "c":
+        x = x + 1j * rng.standard_normal(shape)
+    return x.astype(dtype)
+
+
+def _ctype(dtype) -> str:
+    return _sources.CTYPE[np.dtype(dtype)]
+
+
+def _same(got, want, dtype, exact=True) -> None:
+    """Bits for real dtypes (where ``exact``: the CPU ran the same operations in the same order),
+    NaN where NaN; otherwise equal to rounding."""
+    got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    if exact and np.dtype(dtype).kind != "c":
+        nan = np.isnan(want)  # NaN where NaN; its sign and payload are the hardware's
+        np.testing.assert_array_equal(np.isnan(got), nan)
+        np.testing.assert_array_equal(got[~nan].view(np.uint8), want[~nan].view(np.uint8))
+    else:
+        tol = 1e-4 if np.dtype(dtype) in (np.float32, np.complex64) else 1e-12
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol, equal_nan=True)
+
+
+# ---------------------------------------------------------------- small_getrf
+
+
+def _small_getrf(exe, A, pivot=True):
+    """``small_getrf`` as ``_factor._small`` launches it, on ``A`` (nb, m, n); returns (LU, piv, info)."""
+    nb, m, n = A.shape
+    s = A.swapaxes(1, 2).copy()  # column-major per matrix (a copy: the kernel writes it)
+    piv = np.full((nb, min(m, n)), -7, np.int32)
+    info = np.full(nb, -7, np.int32)
+    args = (s, piv, info, np.int64(nb), np.int32(m), np.int32(n), np.int32(pivot))
+    simt.run(exe, "small_lu.cu", f"small_getrf<{_ctype(A.dtype)}>", _launch.small_getrf(nb, m, n, A.dtype), args)
+    return s.swapaxes(1, 2), piv, info
+
+
+def _cpu_factor(A, pivot=True):
+    return backend.CPU_BACKEND.lu_factor_ex(A, pivot)
+
+
+def _cpu_kernel_factors(A, pivot=True) -> bool:
+    """Whether the CPU backend factors ``A`` with its kernel (LAPACK's getf2 order, as the GPU kernel),
+    not with LAPACK's blocked getrf (other rounding, same pivots)."""
+    return not pivot or backend._factor_by_kernel(max(A.shape[-2:]), A.dtype)
+
+
+SQUARE = [1, 2, 3, 8, 17, 31, 32]
+RECT = [(2, 1), (1, 5), (40, 8), (8, 40), (33, 5), (5, 33), (64, 3), (3, 64), (100, 17)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(n, n) for n in SQUARE] + RECT, ids=str)
+@pytest.mark.parametrize("pivot", [True, False])
+def test_small_getrf_gives_the_cpu_factorization(asan, dtype, shape, pivot):
+    m, n = shape
+    assert _tuning.own_kernel(m, n, np.dtype(dtype)), "a shape the backend sends elsewhere"
+    rng = np.random.default_rng(m * 100 + n)
+    A = _rand(rng, (9, m, n), dtype)  # 9 matrices: several blocks, several warps a block
+    if not pivot:
+        A = A + 2 * max(m, n) * np.eye(m, n, dtype=dtype)  # keep the pivots away from zero
+    LU, piv, info = _small_getrf(asan, A, pivot)
+    want_lu, want_piv, want_info = _cpu_factor(A, pivot)
+    np.testing.assert_array_equal(piv, want_piv)
+    np.testing.assert_array_equal(info, want_info)
+    _same(LU, want_lu, dtype, _cpu_kernel_factors(A, pivot))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(200, 30), (30, 200), (301, 40)], ids=str)
+def test_small_getrf_beyond_48k_of_shared_memory(asan, dtype, shape):
+    """Rectangular matrices the backend sends to the kernel with an opted-in shared memory."""
+    m, n = shape
+    dt = np.dtype(dtype)
+    if not _tuning.own_kernel(m, n, dt, lambda: OPTIN):
+        pytest.skip(f"{shape} {dt} goes to cuSOLVER")
+    assert _launch.small_getrf(3, m, n, dt)[2] <= OPTIN
+    A = _rand(np.random.default_rng(5), (3, m, n), dtype)
+    LU, piv, info = _small_getrf(asan, A)
+    want_lu, want_piv, want_info = _cpu_factor(A)
+    np.testing.assert_array_equal(piv, want_piv)
+    np.testing.assert_array_equal(info, want_info)
+    _same(LU, want_lu, dtype, _cpu_kernel_factors(A))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(8, 8), (32, 32), (45, 6), (70, 3)], ids=str)
+def test_small_getrf_pivots_on_ties_zeros_and_non_finite_entries(asan, dtype, shape):
+    """LAPACK's choice (first entry of largest |re| + |im|; a NaN diagonal stays; NaN below never
+    chosen), info at the first zero pivot, and no NaN from 0 * Inf, as on the CPU."""
+    m, n = shape
+    if not _cpu_kernel_factors(np.empty((0, m, n), dtype)):
+        pytest.skip("the CPU factors these with OpenBLAS, whose near-ties and NaN round and compare otherwise")
+    rng = np.random.default_rng(7)
+    ties = rng.integers(-2, 3, size=(24, m, n)).astype(dtype)  # many equal magnitudes
+    if np.dtype(dtype).kind == "c":
+        ties = ties + 1j * rng.integers(-2, 3, size=(24, m, n))  # |1+1j| ties |2| in LAPACK's measure
+    singular = _rand(rng, (2, m, n), dtype)
+    singular[0, :, 2] = 0  # a zero column: info = 3
+    singular[1] = 0
+    odd = rng.integers(-2, 3, size=(12, m, n)).astype(dtype)  # ties and non-finite entries together
+    odd[0, 0, 0] = np.nan  # a NaN diagonal stays the pivot
+    odd[1, m // 2, 0] = np.nan  # a NaN below it is never chosen
+    odd[2, 1, 1] = np.inf
+    where = rng.random((9, m, n))
+    odd[3:][where < 0.05] = np.nan
+    odd[3:][where > 0.97] = np.inf
+    A = np.concatenate([ties, singular, odd]).astype(dtype)
+    LU, piv, info = _small_getrf(asan, A)
+    want_lu, want_piv, want_info = _cpu_factor(A)
+    np.testing.assert_array_equal(piv, want_piv)
+    np.testing.assert_array_equal(info, want_info)
+    _same(LU, want_lu, dtype)
+
+
+# ---------------------------------------------------------------- small_getrs
+
+
+def _small_getrs(exe, s, piv0, lu_index, w, trans):
+    nprob, nrhs, n = w.shape
+    args = (s, piv0, lu_index, w, np.int64(nprob), np.int32(nrhs), np.int32(n), np.int32(trans))
+    simt.run(exe, "small_lu.cu", f"small_getrs<{_ctype(w.dtype)}>", _launch.small_getrs(nprob * nrhs), args)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [1, 3, 8, 32])
+@pytest.mark.parametrize("nrhs", [1, 2])
+@pytest.mark.parametrize("trans", [0, 1, 2])
+def test_small_getrs_gives_the_cpu_solution(asan, dtype, n, nrhs, trans):
+    rng = np.random.default_rng(n * 10 + nrhs)
+    A = _rand(rng, (3, n, n), dtype)
+    LU, piv, _ = _cpu_factor(A)
+    s = np.ascontiguousarray(LU.swapaxes(1, 2))  # column-major per matrix
+    piv0 = (piv - 1).astype(np.int32)
+    lu_index = np.array([0, 2, 1, 2, 0], np.int64)  # a broadcast LU: repeated, never copied
+    w = _rand(rng, (len(lu_index), nrhs, n), dtype)  # right-hand sides as rows
+    want = w.swapaxes(1, 2).copy()
+    _kernels.getrs.serial(s, piv0, lu_index.astype(np.intp), want, trans)
+    _small_getrs(asan, s, piv0, lu_index, w, trans)
+    _same(w, want.swapaxes(1, 2), dtype)
+
+
+# ---------------------------------------------------------------- pivots
+
+
+@pytest.mark.parametrize("ctype", sorted(set(_sources.PIVOT_CTYPE.values())))
+def test_check_pivots_converts_and_finds_the_first_bad_one(asan, ctype):
+    (itemsize, signed) = next(k for k, v in _sources.PIVOT_CTYPE.items() if v == ctype)
+    dt = np.dtype(f"{'i' if signed else 'u'}{itemsize}")
+    m = 5
+    good = np.random.default_rng(1).integers(1, m + 1, size=(40, 4)).astype(dt)
+    cases = [(good, None)]
+    for bad_at, value in ((17, 0), (3, m + 1), (77, np.iinfo(dt).max)) + (((50, -1),) if signed else ()):
+        bad = good.copy()
+        bad.reshape(-1)[bad_at] = value
+        bad.reshape(-1)[150] = 0  # a later bad one: the first is reported
+        cases.append((bad, bad_at))
+    for piv, first in cases:
+        flat = np.ascontiguousarray(piv.reshape(-1))
+        piv0 = np.full(flat.shape, -7, np.int32)
+        first_bad = np.full(1, np.iinfo(np.uint64).max, np.uint64)
+        args = (flat, piv0, np.int64(flat.size), np.int64(m), first_bad)
+        simt.run(asan, "kernels.cu", f"check_pivots<{ctype}>", _launch.elementwise(flat.size), args)
+        if first is None:
+            assert first_bad[0] == np.iinfo(np.uint64).max
+            np.testing.assert_array_equal(piv0, flat.astype(np.int64) - 1)
+        else:
+            assert int(first_bad[0]) == first
+            ok = (flat.astype(np.int64) >= 1) & (flat.astype(np.int64) <= m) if signed else (flat >= 1) & (flat <= m)
+            np.testing.assert_array_equal(piv0[~ok], 0)  # never an index out of [0, m)
+            np.testing.assert_array_equal(piv0[ok], flat[ok].astype(np.int64) - 1)
+
+
+@pytest.mark.parametrize(("m", "k"), [(1, 1), (5, 3), (32, 32), (33, 20), (300, 300), (12289, 40)])
+def test_row_orders_from_pivots(asan, m, k):
+    """perm_small, perm_shared and perm_global, as ``_pivots.permutations`` picks them."""
+    nb = 6
+    rng = np.random.default_rng(m)
+    piv0 = np.stack([rng.integers(i, m, size=nb) for i in range(k)], axis=1).astype(np.int32)
+    perm = np.full((nb, m), -7, np.int32)
+    name, launch = _launch.permutations(nb, m)
+    simt.run(asan, "kernels.cu", name, launch, (piv0, perm, np.int64(nb), np.int32(k), np.int32(m)))
+    want = backend.CPU_BACKEND.pivots_to_permutation(piv0, m)
+    np.testing.assert_array_equal(perm, want)
+
+
+# ---------------------------------------------------------------- unpack
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4, 4), (6, 3), (3, 6), (40, 40)], ids=str)
+@pytest.mark.parametrize("layout", ["column-major", "row-major"])
+@pytest.mark.parametrize("want", ["both", "data", "P"])
+def test_unpack_gives_the_cpu_triangles_and_permutation(asan, dtype, shape, layout, want):
+    m, n = shape
+    rng = np.random.default_rng(m + n)
+    A = _rand(rng, (3, m, n), dtype)
+    LU, piv = backend.CPU_BACKEND.lu_factor_ex(A, True)[:2]
+    if layout == "row-major":
+        LU = np.ascontiguousarray(LU)
+    want_P, want_L, want_U = __import__("lu_core").lu_unpack(LU, piv)
+    nb = 3
+    plan = plan_split(LU, nb, np.ascontiguousarray)
+    r, c = plan.src.shape[1:]
+    unpack_data, want_p = want in ("both", "data"), want in ("both", "P")
+    lower = np.full(plan.lower_shape, 7, dtype) if unpack_data else np.empty(0, dtype)
+    upper = np.full(plan.upper_shape, 7, dtype) if unpack_data else np.empty(0, dtype)
+    perm = backend.CPU_BACKEND.pivots_to_permutation((piv - 1).astype(np.int32), m) if want_p else np.empty(0, np.int32)
+    perm = np.ascontiguousarray(perm, dtype=np.int32)
+    p_mat = np.full((nb, m, m), 7, dtype) if want_p else np.empty(0, dtype)
+    total = (nb * m * n if unpack_data else 0) + (nb * m * m if want_p else 0)
+    args = (
+        np.ascontiguousarray(plan.src),
+        lower,
+        upper,
+        np.int64(nb),
+        np.int32(r),
+        np.int32(c),
+        np.int32(plan.unit_lower),
+        perm,
+        p_mat,
+        np.int32(m),
+        np.int32(unpack_data),
+        np.int32(want_p),
+    )
+    simt.run(asan, "kernels.cu", f"unpack<{_ctype(dtype)}>", _launch.elementwise(total), args)
+    if unpack_data:
+        L, U = plan.assemble(lower, upper)
+        _same(L, want_L, dtype)
+        _same(U, want_U, dtype)
+    if want_p:
+        _same(p_mat, want_P, dtype)
+
+
+# ---------------------------------------------------------------- right-hand sides
+
+
+LAYOUTS = {  # B (right-hand sides as rows, ``(*batch, nrhs, n)``) as a view of one buffer, and the output batch
+    "contiguous": (lambda m: m[:24].reshape(2, 3, 4), (2,)),
+    "transposed": (lambda m: m[:24].reshape(2, 4, 3).swapaxes(-1, -2), (2,)),
+    "broadcast": (lambda m: m[:12].reshape(1, 3, 4), (5,)),
+    "unbatched": (lambda m: m[:12].reshape(3, 4), (2, 3)),
+    "negative": (lambda m: m[:48].reshape(2, 2, 3, 4)[:, ::-1], (3, 2, 2)),  # and an extra leading dimension
+    "sliced": (lambda m: m[:96].reshape(4, 6, 4)[::2, ::2, 1:], (2,)),  # in every axis
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("use_perm", [0, 1])
+@pytest.mark.parametrize("conjugate", [0, 1])
+def test_gather_rhs_reads_b_through_its_strides_and_broadcast(asan, dtype, layout, use_perm, conjugate):
+    """Problem t's right-hand side r, entry i = B[t's block][r, perm[lu_index[t], i] or i], conjugated on
+    request, with B read through its strides and broadcast (never copied first), its offsets as
+    ``_solve._offsets`` computes them (``_broadcast``), relative to B's first element as CuPy passes it."""
+    make, out_batch = LAYOUTS[layout]
+    buffer = _rand(np.random.default_rng(3), (200,), dtype)
+    rhs = make(buffer)
+    nrhs, n = rhs.shape[-2:]
+    strides = _broadcast.element_strides(rhs.strides, rhs.itemsize)
+    offsets = _broadcast.block_offsets(tuple(rhs.shape[:-2]), strides[:-2], out_batch)
+    first = (rhs.__array_interface__["data"][0] - buffer.__array_interface__["data"][0]) // buffer.itemsize
+    nprob = len(offsets)
+    rng = np.random.default_rng(nprob)
+    perm = np.stack([rng.permutation(n) for _ in range(3)]).astype(np.int32)
+    lu_index = rng.integers(0, 3, size=nprob).astype(np.int64)
+    w = np.full((nprob, nrhs, n), 7, dtype)
+    args = (
+        buffer.copy(),  # the whole buffer: the kernel may only read B's elements, and reads them from first
+        offsets + first,
+        np.int64(strides[-2]),
+        np.int64(strides[-1]),
+        w,
+        perm,
+        lu_index,
+        np.int64(nprob),
+        np.int32(nrhs),
+        np.int32(n),
+        np.int32(use_perm),
+        np.int32(conjugate),
+    )
+    simt.run(asan, "kernels.cu", f"gather_rhs<{_ctype(dtype)}>", _launch.elementwise(w.size), args)
+    full = np.broadcast_to(rhs, (*out_batch, nrhs, n)).reshape(nprob, nrhs, n)
+    want = np.stack([full[t][:, perm[lu_index[t]]] if use_perm else full[t] for t in range(nprob)])
+    _same(w, np.conj(want) if conjugate else want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scatter_rows_applies_the_inverse_permutation(asan, dtype):
+    n, nrhs, nprob = 6, 2, 5
+    rng = np.random.default_rng(4)
+    perm = np.stack([rng.permutation(n) for _ in range(2)]).astype(np.int32)
+    lu_index = np.array([1, 0, 1, 1, 0], np.int64)
+    w = _rand(rng, (nprob, nrhs, n), dtype)
+    x = np.full_like(w, 7)
+    args = (w, x, perm, lu_index, np.int64(nprob), np.int32(nrhs), np.int32(n))
+    simt.run(asan, "kernels.cu", f"scatter_rows<{_ctype(dtype)}>", _launch.elementwise(w.size), args)
+    want = np.empty_like(w)
+    for t in range(nprob):
+        want[t][:, perm[lu_index[t]]] = w[t]
+    _same(x, want, dtype)
+
+
+# ---------------------------------------------------------------- nopivot_refactor
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(4, 4), (7, 3), (3, 7), (70, 50)], ids=str)
+def test_nopivot_refactor_gives_the_cpu_result_for_flagged_matrices(asan, dtype, shape):
+    """Matrices the libraries flagged (info != 0) are factored again with LAPACK getf2's rule (the
+    CPU backend's): finite output; the others are left as they are."""
+    m, n = shape
+    rng = np.random.default_rng(m * n)
+    A = _rand(rng, (3, m, n), dtype) + 3 * max(m, n) * np.eye(m, n, dtype=dtype)
+    A[0, 1, 1] = A[0, 1, 0] * A[0, 0, 1] / A[0, 0, 0]  # a zero second pivot without pivoting
+    A[2, 0, 0] = 0  # a zero first pivot
+    kept = A.swapaxes(1, 2).copy()
+    s = np.full_like(kept, np.nan)  # what the library left: NaN / Inf after dividing by the zero
+    s[1] = 5  # not flagged: must stay as it is
+    info = np.array([2, 0, 1], np.int32)
+    args = (kept, s, info, np.int64(3), np.int32(m), np.int32(n))
+    simt.run(asan, "kernels.cu", f"nopivot_refactor<{_ctype(dtype)}>", _launch.per_matrix(3), args)
+    want_lu, _, want_info = _cpu_factor(A[[0, 2]], pivot=False)
+    assert (s[1] == 5).all()
+    np.testing.assert_array_equal(info[[0, 2]], want_info)
+    assert info[1] == 0
+    _same(s[[0, 2]].swapaxes(1, 2), want_lu, dtype)
+
+
+# ---------------------------------------------------------------- races
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64])
+def test_no_races_between_the_threads_of_a_block(tsan, dtype):
+    """ThreadSanitizer over every kernel that shares memory between threads: the factorization
+    (shared memory, shuffles; square and rectangular, several warps a block), the solve
+    (shuffles), the row orders in shared memory, the refactorization (__syncthreads)."""
+    rng = np.random.default_rng(8)
+    for shape in ((8, 8), (32, 32), (45, 6), (6, 45)):
+        A = _rand(rng, (6, *shape), dtype)
+        LU, piv, info = _small_getrf(tsan, A)
+        np.testing.assert_array_equal(piv, _cpu_factor(A)[1])
+    A = _rand(rng, (3, 8, 8), dtype)
+    LU, piv, _ = _cpu_factor(A)
+    s = np.ascontiguousarray(LU.swapaxes(1, 2))
+    w = _rand(rng, (4, 2, 8), dtype)
+    _small_getrs(tsan, s, (piv - 1).astype(np.int32), np.array([0, 1, 2, 0], np.int64), w, 0)
+    perm = np.full((2, 100), -1, np.int32)
+    piv0 = np.stack([rng.integers(i, 100, size=2) for i in range(100)], axis=1).astype(np.int32)
+    name, launch = _launch.permutations(2, 100)
+    simt.run(tsan, "kernels.cu", name, launch, (piv0, perm, np.int64(2), np.int32(100), np.int32(100)))
+    kept = np.ascontiguousarray(_rand(rng, (2, 20, 20), dtype))
+    s = np.full_like(kept, np.nan)
+    info = np.array([1, 3], np.int32)
+    args = (kept, s, info, np.int64(2), np.int32(20), np.int32(20))
+    simt.run(tsan, "kernels.cu", f"nopivot_refactor<{_ctype(dtype)}>", _launch.per_matrix(2), args)
+
+
+# ---------------------------------------------------------------- the checks can fail
+
+
+def _broken(build_dir, sanitizer, source, old, new, monkeypatch):
+    """A runner whose ``source`` has ``old`` replaced by ``new`` (once)."""
+    real = simt.host_source
+
+    def edited(name):
+        text = real(name)
+        if name == source:
+            assert text.count(old) == 1, "the edit no longer matches the source"
+            text = text.replace(old, new)
+        return text
+
+    monkeypatch.setattr(simt, "host_source", edited)
+    return simt.build(sanitizer, build_dir)
+
+
+def test_a_wrong_tie_rule_is_caught(build_dir, monkeypatch):
+    exe = _broken(build_dir, "address", "small_lu.cu", "(ov == v && oi < idx)", "(ov == v && oi > idx)", monkeypatch)
+    A = np.ones((2, 8, 8)) + np.eye(8)[None, ::-1]  # ties in every column
+    A[1] = np.random.default_rng(0).integers(-1, 2, size=(8, 8))
+    _, piv, _ = _small_getrf(exe, A)
+    assert (piv != _cpu_factor(A)[1]).any()
+
+
+def test_a_shared_memory_overrun_is_caught(build_dir, monkeypatch):
+    exe = _broken(build_dir, "address", "small_lu.cu", "const int ld = m | 1;", "const int ld = m + 1;", monkeypatch)
+    with pytest.raises(simt.KernelFailed, match="AddressSanitizer"):
+        _small_getrf(exe, np.random.default_rng(0).standard_normal((4, 9, 9)))  # odd m: one row more each
+
+
+def test_a_missing_syncwarp_is_caught(build_dir, monkeypatch):
+    exe = _broken(
+        build_dir,
+        "thread",
+        "small_lu.cu",
+        "__syncwarp();  // the swapped rows, and every lane's reads of the column, before it changes",
+        "// (no barrier)",
+        monkeypatch,
+    )
+    with pytest.raises(simt.KernelFailed, match="ThreadSanitizer: data race"):
+        _small_getrf(exe, np.random.default_rng(0).standard_normal((2, 40, 8)))
+
+
+def test_a_divergent_shuffle_is_caught(build_dir, monkeypatch):
+    exe = _broken(
+        build_dir,
+        "address",
+        "small_lu.cu",
+        "for (int off = 16; off > 0; off >>= 1) {",
+        "for (int off = 16; off > (lane & 1); off >>= 1) {",
+        monkeypatch,
+    )
+    with pytest.raises(simt.KernelFailed, match="divergent barrier"):
+        _small_getrf(exe, np.random.default_rng(0).standard_normal((1, 8, 8)))
+
+
+def test_a_wrong_argument_type_is_caught(asan):
+    A = np.random.default_rng(0).standard_normal((1, 4, 4))
+    s = A.swapaxes(1, 2).copy()
+    piv, info = np.zeros((1, 4), np.int32), np.zeros(1, np.int32)
+    args = (s, piv, info, np.int32(1), np.int32(4), np.int32(4), np.int32(1))  # nbatch is a long long
+    with pytest.raises(simt.KernelFailed, match="argument 3: the kernel takes a 8-byte signed integer"):
+        simt.run(asan, "small_lu.cu", "small_getrf<double>", _launch.small_getrf(1, 4, 4, A.dtype), args)
