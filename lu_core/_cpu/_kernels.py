@@ -115,6 +115,19 @@ def _recip_impl(d):
     return lambda d: one / d
 
 
+def _reciprocal_is_safe(d):
+    """``|d| >= sfmin`` (the smallest normal number of ``d``'s precision, LAPACK's ``?lamch('S')``): then
+    ``1 / d`` is finite and ``?getf2`` scales by it; below, it divides each entry by ``d``, as here."""
+    return abs(d) >= np.finfo(np.float64).tiny
+
+
+@overload(_reciprocal_is_safe, jit_options=_HELPER, inline="always")
+def _reciprocal_is_safe_impl(d):
+    real = nb.np.numpy_support.as_dtype(d.underlying_float if isinstance(d, nb.types.Complex) else d)
+    sfmin = real.type(np.finfo(real).tiny)
+    return lambda d: abs(d) >= sfmin
+
+
 # Update loops at least this long run over 1-D views indexed from 0, which LLVM vectorizes
 # (over ``range(lo, hi)`` of the 2-D array it does not: 4-5x slower at n = 512); shorter
 # ones stay plain loops, cheaper at n = 8 where a vector loop's set-up (views, alias
@@ -153,7 +166,8 @@ def _getf2(a, piv, pivot):
 
     Right-looking unblocked elimination, the order of LAPACK's ``?getf2``:
     pick the first entry of largest magnitude, swap whole rows, scale the
-    column by the reciprocal of the pivot, rank-1 update the trailing block.
+    column by the reciprocal of the pivot (divide it by a subnormal pivot, whose
+    reciprocal overflows), rank-1 update the trailing block.
     A zero pivot is recorded (1-based, first only) and skips the scaling, as
     LAPACK does, so no division by zero happens. Returns that ``info``.
     """
@@ -181,6 +195,9 @@ def _getf2(a, piv, pivot):
         if d == 0:
             if first_zero == 0:
                 first_zero = j + 1
+        elif not _reciprocal_is_safe(d):  # a subnormal pivot: 1 / d would overflow
+            for i in range(j + 1, m):
+                a[j, i] = a[j, i] / d
         elif short:
             r = _recip(d)
             for i in range(j + 1, m):

@@ -68,24 +68,20 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
                 _getrf_cusolver(s, piv, info, m, n, pivot)
             if not pivot:
                 piv[...] = cp.arange(1, k + 1, dtype=cp.int32)
-                grid, block, _ = _launch.per_matrix(nb)
-                _sources.kernel("kernels.cu", f"nopivot_refactor<{_sources.CTYPE[dt]}>")(
-                    grid, block, (kept, s, info, np.int64(nb), np.int32(m), np.int32(n))
-                )
+                _sources.run(_launch.nopivot_refactor(kept, s, info, m, n))
     lu = s.swapaxes(1, 2).reshape(*batch, m, n)
     return lu, piv.reshape(*batch, k), info.reshape(batch)
 
 
 def _small(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, m: int, n: int, pivot: bool) -> None:
-    nb = s.shape[0]
-    grid, block, shared = _launch.small_getrf(nb, m, n, s.dtype)
-    fn = _sources.kernel("small_lu.cu", f"small_getrf<{_sources.CTYPE[s.dtype]}>")
-    if shared > _tuning.SHARED_BYTES and fn.max_dynamic_shared_size_bytes < shared:
+    launch = _launch.small_getrf(s, piv, info, m, n, pivot)
+    fn = _sources.kernel(launch.source, launch.name)
+    if launch.shared > _tuning.SHARED_BYTES and fn.max_dynamic_shared_size_bytes < launch.shared:
         # Opt in, to the device's limit (own_kernel checked one matrix, one warp's share, is within it):
         # one value whatever the size, so that two threads setting it at once never lower it under the
         # other's launch.
         fn.max_dynamic_shared_size_bytes = _device_optin()
-    fn(grid, block, (s, piv, info, np.int64(nb), np.int32(m), np.int32(n), np.int32(pivot)), shared_mem=shared)
+    _sources.run(launch)
 
 
 def _getrf_batched(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, pivot: bool) -> None:

@@ -1,16 +1,26 @@
-"""Launch shapes of the GPU backend's own kernels: plain arithmetic, no CuPy.
+"""Launches of the GPU backend's own kernels: grid, block, shared memory and arguments.
 
-Every launch of a kernel from ``kernels.cu`` or ``small_lu.cu`` takes its grid,
-block and dynamic shared memory from here, so the host emulation of the kernels
-in the test suite (``tests/lu_core/_gpu/test_kernels_emulated.py``) launches
-them exactly as the backend does, shapes included, without a GPU.
+Plain arithmetic on shapes, no CuPy: every launch of a kernel from ``kernels.cu`` or
+``small_lu.cu`` is built here, from the arrays it runs on, and the backend only
+passes the result to the compiled kernel (:func:`lu_core._gpu._sources.run`).
+The host emulation of the kernels in the test suite
+(``tests/lu_core/_gpu/test_kernels_emulated.py``) builds its launches with the same
+functions from NumPy arrays, so it runs the kernels with the backend's launch
+shapes and argument types (the emulator checks each argument against the kernel's
+parameter), without a GPU.
+
+Arrays are passed as pointers (C-contiguous, as the kernels index them), integers as
+the NumPy scalar type of the kernel's parameter: ``int`` is ``np.int32``, ``long
+long`` ``np.int64``.
 """
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import numpy as np
 
-from lu_core._gpu import _tuning
+from lu_core._gpu import _sources, _tuning
 
 #: Lanes of a warp: the rows of a small factorization, the entries of a small solve's vector.
 WARP = 32
@@ -24,7 +34,14 @@ MAX_BLOCKS = 65535 * 16
 PERM_SMALL_M = 32
 PERM_SHARED_M = 12288
 
-Launch = tuple[tuple[int], tuple[int], int]  # (grid, block, dynamic shared memory in bytes)
+
+class Launch(NamedTuple):
+    source: str
+    name: str  # a name expression of _sources.SOURCES[source]
+    grid: tuple[int]
+    block: tuple[int]
+    shared: int  # dynamic shared memory, bytes
+    args: tuple[Any, ...]
 
 
 def grid(total: int, per_block: int = _tuning.BLOCK) -> tuple[int]:
@@ -32,32 +49,118 @@ def grid(total: int, per_block: int = _tuning.BLOCK) -> tuple[int]:
     return (max(1, min(MAX_BLOCKS, (total + per_block - 1) // per_block)),)
 
 
-def elementwise(total: int) -> Launch:
-    """``check_pivots``, ``perm_small`` (a thread per matrix), ``unpack``, ``gather_rhs``, ``scatter_rows``."""
-    return grid(total), (_tuning.BLOCK,), 0
+def _elementwise(source: str, name: str, total: int, args: tuple[Any, ...]) -> Launch:
+    return Launch(source, name, grid(total), (_tuning.BLOCK,), 0, args)
 
 
-def per_matrix(nbatch: int, shared: int = 0) -> Launch:
-    """A block per matrix: ``perm_shared``, ``perm_global``, ``nopivot_refactor``."""
-    return (max(1, min(nbatch, MAX_BLOCKS)),), (_tuning.BLOCK,), shared
+def _per_matrix(name: str, nbatch: int, args: tuple[Any, ...], shared: int = 0) -> Launch:
+    return Launch("kernels.cu", name, (max(1, min(nbatch, MAX_BLOCKS)),), (_tuning.BLOCK,), shared, args)
 
 
-def permutations(nbatch: int, m: int) -> tuple[str, Launch]:
-    """The row-order kernel for ``m`` rows and its launch."""
+def _ctype(dtype: np.dtype) -> str:
+    return _sources.CTYPE[np.dtype(dtype)]
+
+
+def check_pivots(flat: Any, piv0: Any, m: int, first_bad: Any) -> Launch:
+    """Range check and 1 -> 0-based conversion of ``flat`` (any integer type) into ``piv0`` (int32)."""
+    ctype = _sources.PIVOT_CTYPE[(flat.dtype.itemsize, flat.dtype.kind == "i")]
+    total = flat.size
+    return _elementwise(
+        "kernels.cu", f"check_pivots<{ctype}>", total, (flat, piv0, np.int64(total), np.int64(m), first_bad)
+    )
+
+
+def permutations(piv0: Any, perm: Any) -> Launch:
+    """Row orders ``perm`` (``(batch, m)``) from 0-based pivots ``piv0`` (``(batch, k)``): a thread per
+    matrix for small ``m``, else a block per matrix, the order in shared memory while it fits."""
+    nb, k = piv0.shape
+    m = perm.shape[1]
+    args = (piv0, perm, np.int64(nb), np.int32(k), np.int32(m))
     if m <= PERM_SMALL_M:
-        return "perm_small", elementwise(nbatch)
+        return _elementwise("kernels.cu", "perm_small", nb, args)
     if m <= PERM_SHARED_M:
-        return "perm_shared", per_matrix(nbatch, shared=4 * m)
-    return "perm_global", per_matrix(nbatch)
+        return _per_matrix("perm_shared", nb, args, shared=4 * m)
+    return _per_matrix("perm_global", nb, args)
 
 
-def small_getrf(nbatch: int, m: int, n: int, dtype: np.dtype) -> Launch:
+def unpack(
+    src: Any, lower: Any, upper: Any, unit_lower: bool, perm: Any, p_mat: Any, m: int, want_data: bool, want_p: bool
+) -> Launch:
+    """The fused split of ``src`` (``(batch, r, c)``) into triangles and of ``perm`` into P matrices."""
+    nb, r, c = src.shape
+    total = (nb * r * c if want_data else 0) + (nb * m * m if want_p else 0)
+    args = (
+        src,
+        lower,
+        upper,
+        np.int64(nb),
+        np.int32(r),
+        np.int32(c),
+        np.int32(unit_lower),
+        perm,
+        p_mat,
+        np.int32(m),
+        np.int32(want_data),
+        np.int32(want_p),
+    )
+    return _elementwise("kernels.cu", f"unpack<{_ctype(src.dtype)}>", total, args)
+
+
+def gather_rhs(
+    b: Any, offsets: Any, s_rhs: int, s_row: int, w3: Any, perm: Any, index: Any, use_perm: bool, conjugate: bool
+) -> Launch:
+    """Right-hand sides ``w3`` (``(problems, nrhs, n)``) from ``b`` read at ``offsets`` and element strides."""
+    nprob, nrhs, n = w3.shape
+    args = (
+        b,
+        offsets,
+        np.int64(s_rhs),
+        np.int64(s_row),
+        w3,
+        perm,
+        index,
+        np.int64(nprob),
+        np.int32(nrhs),
+        np.int32(n),
+        np.int32(use_perm),
+        np.int32(conjugate),
+    )
+    return _elementwise("kernels.cu", f"gather_rhs<{_ctype(w3.dtype)}>", w3.size, args)
+
+
+def scatter_rows(w3: Any, out3: Any, perm: Any, index: Any) -> Launch:
+    nprob, nrhs, n = w3.shape
+    args = (w3, out3, perm, index, np.int64(nprob), np.int32(nrhs), np.int32(n))
+    return _elementwise("kernels.cu", f"scatter_rows<{_ctype(w3.dtype)}>", w3.size, args)
+
+
+def nopivot_refactor(kept: Any, s: Any, info: Any, m: int, n: int) -> Launch:
+    """A block per matrix (the flagged ones refactor, the others return at once)."""
+    nb = s.shape[0]
+    args = (kept, s, info, np.int64(nb), np.int32(m), np.int32(n))
+    return _per_matrix(f"nopivot_refactor<{_ctype(s.dtype)}>", nb, args)
+
+
+def small_getrf(s: Any, piv: Any, info: Any, m: int, n: int, pivot: bool) -> Launch:
     """A warp per matrix, as many warps a block as fit ``SMALL_BLOCK`` threads and 48 KiB (at least one)."""
-    per_warp = _tuning.warp_bytes(m, n, dtype)
+    nb = s.shape[0]
+    per_warp = _tuning.warp_bytes(m, n, s.dtype)
     warps = max(1, min(_tuning.SMALL_BLOCK // WARP, _tuning.SHARED_BYTES // per_warp))
-    return grid(nbatch, warps), (warps * WARP,), warps * per_warp
+    args = (s, piv, info, np.int64(nb), np.int32(m), np.int32(n), np.int32(pivot))
+    return Launch(
+        "small_lu.cu", f"small_getrf<{_ctype(s.dtype)}>", grid(nb, warps), (warps * WARP,), warps * per_warp, args
+    )
 
 
-def small_getrs(nvectors: int) -> Launch:
+def small_getrs(s: Any, piv0: Any, index: Any, w3: Any, op: int) -> Launch:
     """A warp per right-hand side."""
-    return grid(nvectors, _tuning.SMALL_BLOCK // WARP), (_tuning.SMALL_BLOCK,), 0
+    nprob, nrhs, n = w3.shape
+    args = (s, piv0, index, w3, np.int64(nprob), np.int32(nrhs), np.int32(n), np.int32(op))
+    return Launch(
+        "small_lu.cu",
+        f"small_getrs<{_ctype(w3.dtype)}>",
+        grid(nprob * nrhs, _tuning.SMALL_BLOCK // WARP),
+        (_tuning.SMALL_BLOCK,),
+        0,
+        args,
+    )

@@ -28,12 +28,7 @@ def check_pivots(pivots: cp.ndarray, m: int) -> cp.ndarray:
     if not flat.size:
         return piv0
     first_bad = cp.full(1, _NO_BAD, dtype=cp.uint64)
-    ctype = _sources.PIVOT_CTYPE[(flat.dtype.itemsize, flat.dtype.kind == "i")]
-    total = flat.size
-    grid, block, _ = _launch.elementwise(total)
-    _sources.kernel("kernels.cu", f"check_pivots<{ctype}>")(
-        grid, block, (flat, piv0, np.int64(total), np.int64(m), first_bad)
-    )
+    _sources.run(_launch.check_pivots(flat, piv0, m, first_bad))
     bad = first_bad.get()[0]  # one 8-byte copy: the error must be raised on the host
     if bad != _NO_BAD:
         where = np.unravel_index(int(bad), pivots.shape)
@@ -54,11 +49,7 @@ def own_pivots(pivots: cp.ndarray) -> cp.ndarray:
 
 def permutations(piv0: cp.ndarray, m: int) -> cp.ndarray:
     """Row orders (int32, ``(batch, m)``) from 0-based pivots: one launch for the whole batch."""
-    nb, k = piv0.shape
-    perm = cp.empty((nb, m), dtype=cp.int32)
-    if not perm.size:
-        return perm
-    name, (grid, block, shared) = _launch.permutations(nb, m)
-    args = (piv0, perm, np.int64(nb), np.int32(k), np.int32(m))
-    _sources.kernel("kernels.cu", name)(grid, block, args, shared_mem=shared)
+    perm = cp.empty((piv0.shape[0], m), dtype=cp.int32)
+    if perm.size:
+        _sources.run(_launch.permutations(piv0, perm))
     return perm

@@ -91,9 +91,7 @@ def lu_solve(
         if op != _N:
             out = cp.empty_like(w)
             out3 = out.reshape(nprob, nrhs, n)
-            fn = _sources.kernel("kernels.cu", f"scatter_rows<{_sources.CTYPE[dt]}>")
-            grid, block, _ = _launch.elementwise(w3.size)
-            fn(grid, block, (w3, out3, perm, index, np.int64(nprob), np.int32(nrhs), np.int32(n)))
+            _sources.run(_launch.scatter_rows(w3, out3, perm, index))
             w, w3 = out, out3
     if conj_io:
         cp.conjugate(w3, out=w3)
@@ -112,36 +110,13 @@ def _gather(
     index: cp.ndarray,
     conjugate: bool,
 ) -> None:
-    nprob, nrhs, n = w3.shape
     src, offsets, s_rhs, s_row = _offsets(rhs, out_batch)
-    dummy = cp.empty(1, dtype=cp.int32)
-    fn = _sources.kernel("kernels.cu", f"gather_rhs<{_sources.CTYPE[w3.dtype]}>")
-    grid, block, _ = _launch.elementwise(w3.size)
-    fn(
-        grid,
-        block,
-        (
-            src,
-            offsets,
-            np.int64(s_rhs),
-            np.int64(s_row),
-            w3,
-            perm if perm is not None else dummy,
-            index,
-            np.int64(nprob),
-            np.int32(nrhs),
-            np.int32(n),
-            np.int32(perm is not None),
-            np.int32(conjugate),
-        ),
-    )
+    rows = perm if perm is not None else cp.empty(1, dtype=cp.int32)  # unread without use_perm
+    _sources.run(_launch.gather_rhs(src, offsets, s_rhs, s_row, w3, rows, index, perm is not None, conjugate))
 
 
 def _small(s: cp.ndarray, piv0: cp.ndarray, index: cp.ndarray, w3: cp.ndarray, op: int) -> None:
-    nprob, nrhs, n = w3.shape
-    fn = _sources.kernel("small_lu.cu", f"small_getrs<{_sources.CTYPE[w3.dtype]}>")
-    grid, block, _ = _launch.small_getrs(nprob * nrhs)
-    fn(grid, block, (s, piv0, index, w3, np.int64(nprob), np.int32(nrhs), np.int32(n), np.int32(op)))
+    _sources.run(_launch.small_getrs(s, piv0, index, w3, op))
 
 
 def _pointers(base: cp.ndarray, index: cp.ndarray, step_bytes: int) -> cp.ndarray:

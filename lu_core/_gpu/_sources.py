@@ -10,7 +10,8 @@ CUDA (tests/lu_core/_gpu/test_kernels_emulated.py).
 Compiled modules are memoised per device, kernel function objects per device
 and name, so a launch costs no lookup.
 
-This module needs CuPy but neither a GPU nor cuBLAS / cuSOLVER.
+Importable without CuPy (the tables); compiling needs CuPy, but neither a GPU
+nor cuBLAS / cuSOLVER.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import functools
 import pathlib
 from typing import Any
 
-import cupy as cp
 import numpy as np
 
 #: NVRTC options. CuPy 14 bundles CCCL, whose Thrust (behind
@@ -27,14 +27,16 @@ import numpy as np
 #: ``-std=c++14`` used before stopped every kernel with ``#error``.
 OPTIONS: tuple[str, ...] = ("-std=c++17",)
 
-#: The small factorization and solve also keep every multiply and subtract
-#: separately rounded (no fused multiply-add), as the CPU backend's kernels do,
-#: so that rounding, and hence the pivot choice among near-ties, is the same
-#: on both devices. Their cost is latency and shuffles, not arithmetic.
-SMALL_OPTIONS: tuple[str, ...] = (*OPTIONS, "--fmad=false")
+#: Every kernel also keeps each multiply and subtract separately rounded (no
+#: fused multiply-add), as the CPU backend's kernels do, so that rounding, and
+#: hence the pivot choice among near-ties, is the same on both devices. The
+#: small factorization and solve cost latency and shuffles, not arithmetic;
+#: the other kernels but ``nopivot_refactor`` (rare) do no arithmetic.
+NO_FMA_OPTIONS: tuple[str, ...] = (*OPTIONS, "--fmad=false")
 
-#: Prepended to every source: CuPy's ``complex<T>``.
+#: Before every source: CuPy's ``complex<T>``, then the shared helpers (``common.cuh``).
 PRELUDE = "#include <cupy/complex.cuh>\n"
+COMMON = "common.cuh"
 
 CTYPE = {
     np.dtype(np.float32): "float",
@@ -70,22 +72,30 @@ def _small_names() -> tuple[str, ...]:
 
 #: Each CUDA source: its NVRTC options and the kernel instantiations the backend asks of it.
 SOURCES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "kernels.cu": (OPTIONS, _generic_names()),
-    "small_lu.cu": (SMALL_OPTIONS, _small_names()),
+    "kernels.cu": (NO_FMA_OPTIONS, _generic_names()),
+    "small_lu.cu": (NO_FMA_OPTIONS, _small_names()),
 }
 
 _HERE = pathlib.Path(__file__).parent
 
 
-def raw_module(source: str) -> cp.RawModule:
-    """The (not yet compiled) ``RawModule`` of ``source``, exactly as the backend compiles it."""
-    code = PRELUDE + (_HERE / source).read_text()
+def code(source: str) -> str:
+    """What NVRTC compiles for ``source``: the prelude, ``common.cuh``, the source."""
+    return PRELUDE + (_HERE / COMMON).read_text() + (_HERE / source).read_text()
+
+
+def raw_module(source: str) -> Any:
+    """The (not yet compiled) ``cupy.RawModule`` of ``source``, exactly as the backend compiles it."""
+    import cupy as cp
+
     options, names = SOURCES[source]
-    return cp.RawModule(code=code, options=options, name_expressions=names)
+    return cp.RawModule(code=code(source), options=options, name_expressions=names)
 
 
 @functools.cache
-def _module(source: str, device_id: int) -> cp.RawModule:
+def _module(source: str, device_id: int) -> Any:
+    import cupy as cp
+
     with cp.cuda.Device(device_id):
         module = raw_module(source)
         module.compile()  # NVRTC once per device; CuPy also caches the cubin on disk
@@ -94,10 +104,19 @@ def _module(source: str, device_id: int) -> cp.RawModule:
 
 @functools.cache
 def _function(source: str, name: str, device_id: int) -> Any:
+    import cupy as cp
+
     with cp.cuda.Device(device_id):
         return _module(source, device_id).get_function(name)
 
 
 def kernel(source: str, name: str) -> Any:
     """The compiled kernel ``name`` (a name expression of ``source``) on the current device."""
+    import cupy as cp
+
     return _function(source, name, cp.cuda.Device().id)
+
+
+def run(launch: Any) -> None:
+    """Launch a :class:`lu_core._gpu._launch.Launch` on the current device."""
+    kernel(launch.source, launch.name)(launch.grid, launch.block, launch.args, shared_mem=launch.shared)

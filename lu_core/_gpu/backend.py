@@ -85,33 +85,13 @@ class GpuBackend:
         nb = math.prod(batch)
         dt = lu.dtype
         plan = plan_split(lu, nb, cp.ascontiguousarray)
-        r, c = plan.src.shape[1:]
         lower = cp.empty(plan.lower_shape, dt) if unpack_data else cp.empty(0, dt)
         upper = cp.empty(plan.upper_shape, dt) if unpack_data else cp.empty(0, dt)
         want_p = piv0 is not None
         perm = _pivots.permutations(piv0, m) if want_p else cp.empty(0, cp.int32)
         p_mat = cp.empty((nb, m, m), dt) if want_p else cp.empty(0, dt)
-        total = (nb * m * n if unpack_data else 0) + (nb * m * m if want_p else 0)
-        if total:
-            grid, block, _ = _launch.elementwise(total)
-            _sources.kernel("kernels.cu", f"unpack<{_sources.CTYPE[dt]}>")(
-                grid,
-                block,
-                (
-                    plan.src,
-                    lower,
-                    upper,
-                    np.int64(nb),
-                    np.int32(r),
-                    np.int32(c),
-                    np.int32(plan.unit_lower),
-                    perm,
-                    p_mat,
-                    np.int32(m),
-                    np.int32(unpack_data),
-                    np.int32(want_p),
-                ),
-            )
+        if (nb * m * n if unpack_data else 0) + (nb * m * m if want_p else 0):  # anything to write
+            _sources.run(_launch.unpack(plan.src, lower, upper, plan.unit_lower, perm, p_mat, m, unpack_data, want_p))
         P = p_mat.reshape(*batch, m, m) if want_p else None
         if not unpack_data:
             return P, None, None

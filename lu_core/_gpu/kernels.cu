@@ -1,8 +1,8 @@
 // CUDA kernels of lu_core's GPU backend.
 //
 // Compiled at run time with NVRTC through cupy.RawModule (options and
-// name_expressions in _sources.py; CuPy's <cupy/complex.cuh> is included
-// first) and instantiated per dtype (T: float, double, complex<float>,
+// name_expressions in _sources.py; CuPy's <cupy/complex.cuh> and common.cuh
+// come first) and instantiated per dtype (T: float, double, complex<float>,
 // complex<double>; I: the pivots' integer type). No type names are pasted into
 // this source. Kernels use 64-bit indexing and grid-stride loops so any batch
 // size works with any launch shape.
@@ -132,16 +132,6 @@ __global__ void unpack(const T* __restrict__ src, T* __restrict__ lower, T* __re
     }
 }
 
-// Conjugation that is a no-op for real types: one template serves all dtypes.
-template <typename T>
-__device__ __forceinline__ T maybe_conj(T x, int) {
-    return x;
-}
-template <typename T>
-__device__ __forceinline__ complex<T> maybe_conj(complex<T> x, int c) {
-    return c ? conj(x) : x;
-}
-
 // Right-hand sides for the solvers, in one pass: the broadcast copy of B, the
 // row permutation of A X = B, and the conjugation of X A^H = B's transposed
 // form. The output w[t, r, :] (column r of problem t's right-hand side,
@@ -207,9 +197,11 @@ __global__ void nopivot_refactor(const T* __restrict__ orig, T* __restrict__ s, 
             const T d = a[(long long)j * m + j];
             if (d == T(0)) {
                 if (first_zero == 0) first_zero = j + 1;
-            } else {
+            } else if (reciprocal_is_safe(d)) {
                 const T r = T(1) / d;
                 for (int i = j + 1 + threadIdx.x; i < m; i += blockDim.x) a[(long long)j * m + i] *= r;
+            } else {  // a subnormal pivot: its reciprocal overflows
+                for (int i = j + 1 + threadIdx.x; i < m; i += blockDim.x) a[(long long)j * m + i] /= d;
             }
             __syncthreads();
             const int rows = m - j - 1;

@@ -3,8 +3,9 @@
 // side (n <= 32, in registers, moved by warp shuffles). This is where a batch
 // of small matrices is cheap: no library call per matrix, no pointer arrays.
 //
-// Compiled with NVRTC through cupy.RawModule after <cupy/complex.cuh>;
-// instantiated per dtype T (float, double, complex<float>, complex<double>).
+// Compiled with NVRTC through cupy.RawModule after <cupy/complex.cuh> and
+// common.cuh; instantiated per dtype T (float, double, complex<float>,
+// complex<double>).
 //
 // Storage: column-major per matrix (a(i, j) at s[b * m * n + j * m + i]), the
 // layout of cuSOLVER, cuBLAS, LAPACK and our CPU backend; lane i of the warp
@@ -13,9 +14,12 @@
 // Numerics follow the CPU backend's getrf / getrs kernels (LAPACK's getf2 /
 // getrs order): the pivot is the first entry of largest |re| + |im| at or
 // below the diagonal (LAPACK's i?amax), an exact zero pivot records info and
-// skips the scaling, the multipliers are scaled by the reciprocal of the pivot,
-// and updates with an exact zero factor are skipped (so 0 * Inf never makes a
-// NaN that LAPACK would not make).
+// skips the scaling, the multipliers are scaled by the reciprocal of the pivot
+// (divided by a subnormal one, whose reciprocal overflows), and in the
+// factorization and the untransposed solve an update with an exact zero factor
+// is skipped (so 0 * Inf never makes a NaN that LAPACK would not make); the
+// transposed solves sum their dot products in trsm's order, without that test,
+// as LAPACK does.
 
 #define LU_CORE_FULL_MASK 0xffffffffu
 
@@ -26,15 +30,6 @@ __device__ __forceinline__ T abs1(T x) {
 template <typename T>
 __device__ __forceinline__ T abs1(complex<T> x) {
     return fabs(x.real()) + fabs(x.imag());
-}
-
-template <typename T>
-__device__ __forceinline__ T maybe_conj_small(T x, int) {
-    return x;
-}
-template <typename T>
-__device__ __forceinline__ complex<T> maybe_conj_small(complex<T> x, int c) {
-    return c ? conj(x) : x;
 }
 
 __device__ __forceinline__ float shfl(float v, int src) {
@@ -134,9 +129,11 @@ __global__ void small_getrf(T* __restrict__ s, int* __restrict__ piv, int* __res
                 if (first_zero == 0) first_zero = k + 1;
             }
             const int r0 = k + 1 + ((lane - k - 1) & 31);  // this lane's first row below the diagonal
-            if (d != T(0)) {
+            if (d != T(0) && reciprocal_is_safe(d)) {
                 const T inv = T(1) / d;
                 for (int r = r0; r < m; r += 32) col[r] = col[r] * inv;
+            } else if (d != T(0)) {  // a subnormal pivot: its reciprocal overflows
+                for (int r = r0; r < m; r += 32) col[r] = col[r] / d;
             }
             for (int r = r0; r < m; r += 32) {
                 const T l = col[r];
@@ -200,14 +197,14 @@ __global__ void small_getrs(const T* __restrict__ s, const int* __restrict__ piv
             // the products with the entries before it in the solve's order, ascending, then divided;
             // no zero test (trsm makes none on this side). So the CPU backend's bits.
             for (int j = 0; j < n; ++j) {  // op(U) y = b: lower triangular, lane i subtracting j = 0 .. i - 1
-                if (lane == j) x = x / maybe_conj_small(a[(long long)j * n + j], cj);
+                if (lane == j) x = x / maybe_conj(a[(long long)j * n + j], cj);
                 const T xj = shfl(x, j);
-                if (mine && lane > j) x -= maybe_conj_small(a[(long long)lane * n + j], cj) * xj;
+                if (mine && lane > j) x -= maybe_conj(a[(long long)lane * n + j], cj) * xj;
             }
             for (int i = n - 2; i >= 0; --i) {  // op(L) z = y: unit upper triangular, z_i after every z_k, k > i
                 for (int k = i + 1; k < n; ++k) {  // ascending k: a dot product on lane i, n^2 / 2 shuffles in all
                     const T zk = shfl(x, k);
-                    if (lane == i) x -= maybe_conj_small(a[(long long)i * n + k], cj) * zk;
+                    if (lane == i) x -= maybe_conj(a[(long long)i * n + k], cj) * zk;
                 }
             }
             for (int i = n - 1; i >= 0; --i) {  // x = P z: the swaps in reverse

@@ -206,3 +206,19 @@ def test_complex_pivot_uses_lapack_magnitude():
     _, piv = lu_core.lu_factor(A)
     _, piv_ref = scipy.linalg.lu_factor(A)
     assert piv.tolist() == (piv_ref + 1).tolist() == [1, 2]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64, np.complex128])
+@pytest.mark.parametrize("pivot", [True, False])
+def test_a_subnormal_pivot_divides_instead_of_overflowing(dtype, pivot):
+    """LAPACK's getf2: below the smallest normal number the column is divided by the pivot, whose
+    reciprocal would overflow (inf multipliers, then NaN in U)."""
+    tiny = np.finfo(dtype).tiny
+    A = np.array([[tiny / 10, 1.0, 2.0], [tiny / 20, 1.0, 3.0], [tiny / 40, 2.0, 1.0]], dtype)
+    A = np.stack([A, A * np.random.default_rng(0).uniform(0.5, 2.0, size=(3, 3)).astype(dtype)])
+    LU, piv, info = lu_core.lu_factor_ex(A, pivot=pivot)
+    assert np.isfinite(LU).all() and (info == 0).all()
+    P, L, U = lu_core.lu_unpack(LU, piv)
+    np.testing.assert_allclose(P @ L @ U, A, rtol=1e-5, atol=1e-5)
+    multipliers = LU[0, 1:, 0]  # (tiny / 20) / (tiny / 10) and (tiny / 40) / (tiny / 10), in some order
+    np.testing.assert_allclose(np.sort(multipliers.real), [0.25, 0.5], rtol=1e-3)

@@ -1,9 +1,10 @@
 """The GPU backend's own CUDA kernels, run on the host under an emulation of CUDA (``simt``).
 
 No GPU needed, and not a GPU test: the very ``kernels.cu`` and ``small_lu.cu``, compiled
-for the host against ``simt/simt.h``, launched with the backend's launch shapes
-(``lu_core._gpu._launch``) and arguments of the types the backend passes, and
-compared with the CPU backend, which is checked against LAPACK and PyTorch
+for the host against ``simt/simt.h``, run with launches built by the backend's own
+``lu_core._gpu._launch`` (its shapes and argument types, each argument checked against
+the kernel's parameter), and also with a single block or warp so that every
+grid-stride loop goes round more than once, and compared with the CPU backend, which is checked against LAPACK and PyTorch
 elsewhere. Real dtypes must give the CPU backend's bits (the same operations in the
 same order); complex ones its pivots and values to rounding (the host's
 ``std::complex`` is not Thrust's). Every run is under AddressSanitizer +
@@ -20,8 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("cupy", reason="make test installs cupy-cuda13x; the kernel sources' table needs it")
-
+import lu_core
 from lu_core._cpu import _kernels, backend
 from lu_core._gpu import _broadcast, _launch, _sources, _tuning
 from lu_core._layout import plan_split
@@ -56,8 +56,19 @@ def _rand(rng, shape, dtype):
     return x.astype(dtype)
 
 
-def _ctype(dtype) -> str:
-    return _sources.CTYPE[np.dtype(dtype)]
+def _one_block(launch: _launch.Launch, threads: int = 32) -> _launch.Launch:
+    """``launch`` on one block of ``threads`` (a warp per block for the small kernels: one matrix or
+    vector at a time), so each grid-stride loop runs over every item in turn."""
+    if launch.source == "small_lu.cu":
+        return launch._replace(grid=(1,), block=(32,), shared=launch.shared // (launch.block[0] // 32))
+    return launch._replace(grid=(1,), block=(threads,))
+
+
+LAUNCHES = ["backend", "one block"]
+
+
+def _run(exe, launch: _launch.Launch, how: str = "backend") -> None:
+    simt.run(exe, launch if how == "backend" else _one_block(launch))
 
 
 def _same(got, want, dtype, exact=True) -> None:
@@ -77,14 +88,13 @@ def _same(got, want, dtype, exact=True) -> None:
 # ---------------------------------------------------------------- small_getrf
 
 
-def _small_getrf(exe, A, pivot=True):
+def _small_getrf(exe, A, pivot=True, how="backend"):
     """``small_getrf`` as ``_factor._small`` launches it, on ``A`` (nb, m, n); returns (LU, piv, info)."""
     nb, m, n = A.shape
     s = A.swapaxes(1, 2).copy()  # column-major per matrix (a copy: the kernel writes it)
     piv = np.full((nb, min(m, n)), -7, np.int32)
     info = np.full(nb, -7, np.int32)
-    args = (s, piv, info, np.int64(nb), np.int32(m), np.int32(n), np.int32(pivot))
-    simt.run(exe, "small_lu.cu", f"small_getrf<{_ctype(A.dtype)}>", _launch.small_getrf(nb, m, n, A.dtype), args)
+    _run(exe, _launch.small_getrf(s, piv, info, m, n, pivot), how)
     return s.swapaxes(1, 2), piv, info
 
 
@@ -106,13 +116,17 @@ RECT = [(2, 1), (1, 5), (40, 8), (8, 40), (33, 5), (5, 33), (64, 3), (3, 64), (1
 @pytest.mark.parametrize("shape", [(n, n) for n in SQUARE] + RECT, ids=str)
 @pytest.mark.parametrize("pivot", [True, False])
 def test_small_getrf_gives_the_cpu_factorization(asan, dtype, shape, pivot):
+    _check_small_getrf(asan, dtype, shape, pivot, "backend")
+
+
+def _check_small_getrf(asan, dtype, shape, pivot, how):
     m, n = shape
     assert _tuning.own_kernel(m, n, np.dtype(dtype)), "a shape the backend sends elsewhere"
     rng = np.random.default_rng(m * 100 + n)
     A = _rand(rng, (9, m, n), dtype)  # 9 matrices: several blocks, several warps a block
     if not pivot:
         A = A + 2 * max(m, n) * np.eye(m, n, dtype=dtype)  # keep the pivots away from zero
-    LU, piv, info = _small_getrf(asan, A, pivot)
+    LU, piv, info = _small_getrf(asan, A, pivot, how)
     want_lu, want_piv, want_info = _cpu_factor(A, pivot)
     np.testing.assert_array_equal(piv, want_piv)
     np.testing.assert_array_equal(info, want_info)
@@ -127,8 +141,8 @@ def test_small_getrf_beyond_48k_of_shared_memory(asan, dtype, shape):
     dt = np.dtype(dtype)
     if not _tuning.own_kernel(m, n, dt, lambda: OPTIN):
         pytest.skip(f"{shape} {dt} goes to cuSOLVER")
-    assert _launch.small_getrf(3, m, n, dt)[2] <= OPTIN
     A = _rand(np.random.default_rng(5), (3, m, n), dtype)
+    assert _launch.small_getrf(A, A[:, 0], A[:, 0, 0], m, n, True).shared <= OPTIN
     LU, piv, info = _small_getrf(asan, A)
     want_lu, want_piv, want_info = _cpu_factor(A)
     np.testing.assert_array_equal(piv, want_piv)
@@ -169,10 +183,8 @@ def test_small_getrf_pivots_on_ties_zeros_and_non_finite_entries(asan, dtype, sh
 # ---------------------------------------------------------------- small_getrs
 
 
-def _small_getrs(exe, s, piv0, lu_index, w, trans):
-    nprob, nrhs, n = w.shape
-    args = (s, piv0, lu_index, w, np.int64(nprob), np.int32(nrhs), np.int32(n), np.int32(trans))
-    simt.run(exe, "small_lu.cu", f"small_getrs<{_ctype(w.dtype)}>", _launch.small_getrs(nprob * nrhs), args)
+def _small_getrs(exe, s, piv0, lu_index, w, trans, how="backend"):
+    _run(exe, _launch.small_getrs(s, piv0, lu_index, w, trans), how)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -180,6 +192,10 @@ def _small_getrs(exe, s, piv0, lu_index, w, trans):
 @pytest.mark.parametrize("nrhs", [1, 2])
 @pytest.mark.parametrize("trans", [0, 1, 2])
 def test_small_getrs_gives_the_cpu_solution(asan, dtype, n, nrhs, trans):
+    _check_small_getrs(asan, dtype, n, nrhs, trans, "backend")
+
+
+def _check_small_getrs(asan, dtype, n, nrhs, trans, how):
     rng = np.random.default_rng(n * 10 + nrhs)
     A = _rand(rng, (3, n, n), dtype)
     LU, piv, _ = _cpu_factor(A)
@@ -189,21 +205,55 @@ def test_small_getrs_gives_the_cpu_solution(asan, dtype, n, nrhs, trans):
     w = _rand(rng, (len(lu_index), nrhs, n), dtype)  # right-hand sides as rows
     want = w.swapaxes(1, 2).copy()
     _kernels.getrs.serial(s, piv0, lu_index.astype(np.intp), want, trans)
-    _small_getrs(asan, s, piv0, lu_index, w, trans)
+    _small_getrs(asan, s, piv0, lu_index, w, trans, how)
     _same(w, want.swapaxes(1, 2), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_warp_strides_over_every_matrix_and_vector(asan, dtype):
+    """The small kernels on a single warp: each warp's loop goes over several matrices (vectors),
+    reusing its shared memory (registers), with the same results as the backend's launch."""
+    for shape, pivot in (((8, 8), True), ((32, 32), True), ((40, 8), True), ((5, 33), False)):
+        _check_small_getrf(asan, dtype, shape, pivot, "one block")
+    for trans in (0, 1, 2):
+        _check_small_getrs(asan, dtype, 8, 2, trans, "one block")
+
+
+# ---------------------------------------------------------------- subnormal pivots
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_subnormal_pivot_divides_instead_of_scaling_by_an_overflowing_reciprocal(asan, dtype):
+    """LAPACK's getf2 (and the CPU backend): below the smallest normal number, divide by the pivot."""
+    tiny = np.finfo(dtype).tiny
+    A = np.array([[[tiny / 10, 1, 2], [tiny / 20, 1, 3], [tiny / 40, 2, 1]]], dtype)
+    A = np.concatenate([A, A * 3, _rand(np.random.default_rng(1), (2, 3, 3), dtype) * tiny])
+    LU, piv, info = _small_getrf(asan, A)
+    want_lu, want_piv, want_info = _cpu_factor(A)
+    assert np.isfinite(want_lu).all() and np.isfinite(LU).all()
+    assert sorted(want_lu[0, 1:, 0]) == pytest.approx([0.25, 0.5], rel=1e-3)  # (tiny / 20) / (tiny / 10) ...
+    np.testing.assert_array_equal(piv, want_piv)
+    np.testing.assert_array_equal(info, want_info)
+    _same(LU, want_lu, dtype)
+    s, info = A.swapaxes(1, 2).copy(), np.array([1, 1, 1, 1], np.int32)  # the refactorization's rule too
+    _run(asan, _launch.nopivot_refactor(A.swapaxes(1, 2).copy(), s, info, 3, 3))
+    want_lu, _, want_info = _cpu_factor(A, pivot=False)
+    np.testing.assert_array_equal(info, want_info)
+    _same(s.swapaxes(1, 2), want_lu, dtype)
 
 
 # ---------------------------------------------------------------- pivots
 
+PIVOT_TYPES = sorted({np.dtype(f"{'i' if signed else 'u'}{size}") for size, signed in _sources.PIVOT_CTYPE})
 
-@pytest.mark.parametrize("ctype", sorted(set(_sources.PIVOT_CTYPE.values())))
-def test_check_pivots_converts_and_finds_the_first_bad_one(asan, ctype):
-    (itemsize, signed) = next(k for k, v in _sources.PIVOT_CTYPE.items() if v == ctype)
-    dt = np.dtype(f"{'i' if signed else 'u'}{itemsize}")
+
+@pytest.mark.parametrize("dt", PIVOT_TYPES, ids=str)
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_check_pivots_converts_and_finds_the_first_bad_one(asan, dt, how):
     m = 5
     good = np.random.default_rng(1).integers(1, m + 1, size=(40, 4)).astype(dt)
     cases = [(good, None)]
-    for bad_at, value in ((17, 0), (3, m + 1), (77, np.iinfo(dt).max)) + (((50, -1),) if signed else ()):
+    for bad_at, value in ((17, 0), (3, m + 1), (77, np.iinfo(dt).max)) + (((50, -1),) if dt.kind == "i" else ()):
         bad = good.copy()
         bad.reshape(-1)[bad_at] = value
         bad.reshape(-1)[150] = 0  # a later bad one: the first is reported
@@ -212,29 +262,29 @@ def test_check_pivots_converts_and_finds_the_first_bad_one(asan, ctype):
         flat = np.ascontiguousarray(piv.reshape(-1))
         piv0 = np.full(flat.shape, -7, np.int32)
         first_bad = np.full(1, np.iinfo(np.uint64).max, np.uint64)
-        args = (flat, piv0, np.int64(flat.size), np.int64(m), first_bad)
-        simt.run(asan, "kernels.cu", f"check_pivots<{ctype}>", _launch.elementwise(flat.size), args)
+        _run(asan, _launch.check_pivots(flat, piv0, m, first_bad), how)
+        wide = flat.astype(np.int64) if dt != np.uint64 else flat.astype(np.float64)  # (values only compared)
+        ok = (wide >= 1) & (wide <= m)
         if first is None:
             assert first_bad[0] == np.iinfo(np.uint64).max
-            np.testing.assert_array_equal(piv0, flat.astype(np.int64) - 1)
         else:
             assert int(first_bad[0]) == first
-            ok = (flat.astype(np.int64) >= 1) & (flat.astype(np.int64) <= m) if signed else (flat >= 1) & (flat <= m)
-            np.testing.assert_array_equal(piv0[~ok], 0)  # never an index out of [0, m)
-            np.testing.assert_array_equal(piv0[ok], flat[ok].astype(np.int64) - 1)
+        np.testing.assert_array_equal(piv0[~ok], 0)  # never an index out of [0, m)
+        np.testing.assert_array_equal(piv0[ok], flat[ok].astype(np.int64) - 1)
 
 
 @pytest.mark.parametrize(("m", "k"), [(1, 1), (5, 3), (32, 32), (33, 20), (300, 300), (12289, 40)])
-def test_row_orders_from_pivots(asan, m, k):
-    """perm_small, perm_shared and perm_global, as ``_pivots.permutations`` picks them."""
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_row_orders_from_pivots(asan, m, k, how):
+    """perm_small, perm_shared and perm_global, as ``_launch.permutations`` picks them."""
     nb = 6
     rng = np.random.default_rng(m)
     piv0 = np.stack([rng.integers(i, m, size=nb) for i in range(k)], axis=1).astype(np.int32)
     perm = np.full((nb, m), -7, np.int32)
-    name, launch = _launch.permutations(nb, m)
-    simt.run(asan, "kernels.cu", name, launch, (piv0, perm, np.int64(nb), np.int32(k), np.int32(m)))
-    want = backend.CPU_BACKEND.pivots_to_permutation(piv0, m)
-    np.testing.assert_array_equal(perm, want)
+    launch = _launch.permutations(piv0, perm)
+    assert launch.name == ("perm_small" if m <= 32 else "perm_shared" if m <= 12288 else "perm_global")
+    _run(asan, launch, how)
+    np.testing.assert_array_equal(perm, backend.CPU_BACKEND.pivots_to_permutation(piv0, m))
 
 
 # ---------------------------------------------------------------- unpack
@@ -246,37 +296,22 @@ def test_row_orders_from_pivots(asan, m, k):
 @pytest.mark.parametrize("want", ["both", "data", "P"])
 def test_unpack_gives_the_cpu_triangles_and_permutation(asan, dtype, shape, layout, want):
     m, n = shape
-    rng = np.random.default_rng(m + n)
-    A = _rand(rng, (3, m, n), dtype)
+    nb = 3
+    A = _rand(np.random.default_rng(m + n), (nb, m, n), dtype)
     LU, piv = backend.CPU_BACKEND.lu_factor_ex(A, True)[:2]
     if layout == "row-major":
         LU = np.ascontiguousarray(LU)
-    want_P, want_L, want_U = __import__("lu_core").lu_unpack(LU, piv)
-    nb = 3
-    plan = plan_split(LU, nb, np.ascontiguousarray)
-    r, c = plan.src.shape[1:]
+    want_P, want_L, want_U = lu_core.lu_unpack(LU, piv)
+    plan = plan_split(LU, nb, np.ascontiguousarray)  # as the GPU backend's _unpack, with NumPy
     unpack_data, want_p = want in ("both", "data"), want in ("both", "P")
     lower = np.full(plan.lower_shape, 7, dtype) if unpack_data else np.empty(0, dtype)
     upper = np.full(plan.upper_shape, 7, dtype) if unpack_data else np.empty(0, dtype)
-    perm = backend.CPU_BACKEND.pivots_to_permutation((piv - 1).astype(np.int32), m) if want_p else np.empty(0, np.int32)
-    perm = np.ascontiguousarray(perm, dtype=np.int32)
+    perm = np.empty(0, np.int32)
+    if want_p:
+        perm = np.ascontiguousarray(backend.CPU_BACKEND.pivots_to_permutation((piv - 1).astype(np.int32), m))
     p_mat = np.full((nb, m, m), 7, dtype) if want_p else np.empty(0, dtype)
-    total = (nb * m * n if unpack_data else 0) + (nb * m * m if want_p else 0)
-    args = (
-        np.ascontiguousarray(plan.src),
-        lower,
-        upper,
-        np.int64(nb),
-        np.int32(r),
-        np.int32(c),
-        np.int32(plan.unit_lower),
-        perm,
-        p_mat,
-        np.int32(m),
-        np.int32(unpack_data),
-        np.int32(want_p),
-    )
-    simt.run(asan, "kernels.cu", f"unpack<{_ctype(dtype)}>", _launch.elementwise(total), args)
+    src = np.ascontiguousarray(plan.src)
+    _run(asan, _launch.unpack(src, lower, upper, plan.unit_lower, perm, p_mat, m, unpack_data, want_p))
     if unpack_data:
         L, U = plan.assemble(lower, upper)
         _same(L, want_L, dtype)
@@ -286,7 +321,6 @@ def test_unpack_gives_the_cpu_triangles_and_permutation(asan, dtype, shape, layo
 
 
 # ---------------------------------------------------------------- right-hand sides
-
 
 LAYOUTS = {  # B (right-hand sides as rows, ``(*batch, nrhs, n)``) as a view of one buffer, and the output batch
     "contiguous": (lambda m: m[:24].reshape(2, 3, 4), (2,)),
@@ -300,12 +334,13 @@ LAYOUTS = {  # B (right-hand sides as rows, ``(*batch, nrhs, n)``) as a view of 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("use_perm", [0, 1])
-@pytest.mark.parametrize("conjugate", [0, 1])
+@pytest.mark.parametrize("use_perm", [False, True])
+@pytest.mark.parametrize("conjugate", [False, True])
 def test_gather_rhs_reads_b_through_its_strides_and_broadcast(asan, dtype, layout, use_perm, conjugate):
     """Problem t's right-hand side r, entry i = B[t's block][r, perm[lu_index[t], i] or i], conjugated on
     request, with B read through its strides and broadcast (never copied first), its offsets as
-    ``_solve._offsets`` computes them (``_broadcast``), relative to B's first element as CuPy passes it."""
+    ``_solve._offsets`` computes them (``_broadcast``), relative to B's first element as CuPy passes it
+    (here: the whole buffer, and the offsets moved by B's first element)."""
     make, out_batch = LAYOUTS[layout]
     buffer = _rand(np.random.default_rng(3), (200,), dtype)
     rhs = make(buffer)
@@ -318,36 +353,23 @@ def test_gather_rhs_reads_b_through_its_strides_and_broadcast(asan, dtype, layou
     perm = np.stack([rng.permutation(n) for _ in range(3)]).astype(np.int32)
     lu_index = rng.integers(0, 3, size=nprob).astype(np.int64)
     w = np.full((nprob, nrhs, n), 7, dtype)
-    args = (
-        buffer.copy(),  # the whole buffer: the kernel may only read B's elements, and reads them from first
-        offsets + first,
-        np.int64(strides[-2]),
-        np.int64(strides[-1]),
-        w,
-        perm,
-        lu_index,
-        np.int64(nprob),
-        np.int32(nrhs),
-        np.int32(n),
-        np.int32(use_perm),
-        np.int32(conjugate),
-    )
-    simt.run(asan, "kernels.cu", f"gather_rhs<{_ctype(dtype)}>", _launch.elementwise(w.size), args)
+    b = buffer.copy()
+    _run(asan, _launch.gather_rhs(b, offsets + first, strides[-2], strides[-1], w, perm, lu_index, use_perm, conjugate))
     full = np.broadcast_to(rhs, (*out_batch, nrhs, n)).reshape(nprob, nrhs, n)
     want = np.stack([full[t][:, perm[lu_index[t]]] if use_perm else full[t] for t in range(nprob)])
     _same(w, np.conj(want) if conjugate else want, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_scatter_rows_applies_the_inverse_permutation(asan, dtype):
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_scatter_rows_applies_the_inverse_permutation(asan, dtype, how):
     n, nrhs, nprob = 6, 2, 5
     rng = np.random.default_rng(4)
     perm = np.stack([rng.permutation(n) for _ in range(2)]).astype(np.int32)
     lu_index = np.array([1, 0, 1, 1, 0], np.int64)
     w = _rand(rng, (nprob, nrhs, n), dtype)
     x = np.full_like(w, 7)
-    args = (w, x, perm, lu_index, np.int64(nprob), np.int32(nrhs), np.int32(n))
-    simt.run(asan, "kernels.cu", f"scatter_rows<{_ctype(dtype)}>", _launch.elementwise(w.size), args)
+    _run(asan, _launch.scatter_rows(w, x, perm, lu_index), how)
     want = np.empty_like(w)
     for t in range(nprob):
         want[t][:, perm[lu_index[t]]] = w[t]
@@ -359,7 +381,8 @@ def test_scatter_rows_applies_the_inverse_permutation(asan, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(4, 4), (7, 3), (3, 7), (70, 50)], ids=str)
-def test_nopivot_refactor_gives_the_cpu_result_for_flagged_matrices(asan, dtype, shape):
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_nopivot_refactor_gives_the_cpu_result_for_flagged_matrices(asan, dtype, shape, how):
     """Matrices the libraries flagged (info != 0) are factored again with LAPACK getf2's rule (the
     CPU backend's): finite output; the others are left as they are."""
     m, n = shape
@@ -371,8 +394,7 @@ def test_nopivot_refactor_gives_the_cpu_result_for_flagged_matrices(asan, dtype,
     s = np.full_like(kept, np.nan)  # what the library left: NaN / Inf after dividing by the zero
     s[1] = 5  # not flagged: must stay as it is
     info = np.array([2, 0, 1], np.int32)
-    args = (kept, s, info, np.int64(3), np.int32(m), np.int32(n))
-    simt.run(asan, "kernels.cu", f"nopivot_refactor<{_ctype(dtype)}>", _launch.per_matrix(3), args)
+    _run(asan, _launch.nopivot_refactor(kept, s, info, m, n), how)
     want_lu, _, want_info = _cpu_factor(A[[0, 2]], pivot=False)
     assert (s[1] == 5).all()
     np.testing.assert_array_equal(info[[0, 2]], want_info)
@@ -386,27 +408,25 @@ def test_nopivot_refactor_gives_the_cpu_result_for_flagged_matrices(asan, dtype,
 @pytest.mark.parametrize("dtype", [np.float64, np.complex64])
 def test_no_races_between_the_threads_of_a_block(tsan, dtype):
     """ThreadSanitizer over every kernel that shares memory between threads: the factorization
-    (shared memory, shuffles; square and rectangular, several warps a block), the solve
-    (shuffles), the row orders in shared memory, the refactorization (__syncthreads)."""
+    (shared memory, shuffles; square and rectangular, several warps a block), the solves (shuffles;
+    all three ``trans``), the row orders in shared memory, the refactorization (__syncthreads)."""
     rng = np.random.default_rng(8)
     for shape in ((8, 8), (32, 32), (45, 6), (6, 45)):
         A = _rand(rng, (6, *shape), dtype)
-        LU, piv, info = _small_getrf(tsan, A)
+        LU, piv, _ = _small_getrf(tsan, A)
         np.testing.assert_array_equal(piv, _cpu_factor(A)[1])
+        _same(LU, _cpu_factor(A)[0], dtype, _cpu_kernel_factors(A))
     A = _rand(rng, (3, 8, 8), dtype)
     LU, piv, _ = _cpu_factor(A)
     s = np.ascontiguousarray(LU.swapaxes(1, 2))
-    w = _rand(rng, (4, 2, 8), dtype)
-    _small_getrs(tsan, s, (piv - 1).astype(np.int32), np.array([0, 1, 2, 0], np.int64), w, 0)
+    for trans in (0, 1, 2):
+        w = _rand(rng, (4, 2, 8), dtype)
+        _small_getrs(tsan, s, (piv - 1).astype(np.int32), np.array([0, 1, 2, 0], np.int64), w, trans)
     perm = np.full((2, 100), -1, np.int32)
     piv0 = np.stack([rng.integers(i, 100, size=2) for i in range(100)], axis=1).astype(np.int32)
-    name, launch = _launch.permutations(2, 100)
-    simt.run(tsan, "kernels.cu", name, launch, (piv0, perm, np.int64(2), np.int32(100), np.int32(100)))
+    _run(tsan, _launch.permutations(piv0, perm))
     kept = np.ascontiguousarray(_rand(rng, (2, 20, 20), dtype))
-    s = np.full_like(kept, np.nan)
-    info = np.array([1, 3], np.int32)
-    args = (kept, s, info, np.int64(2), np.int32(20), np.int32(20))
-    simt.run(tsan, "kernels.cu", f"nopivot_refactor<{_ctype(dtype)}>", _launch.per_matrix(2), args)
+    _run(tsan, _launch.nopivot_refactor(kept, np.full_like(kept, np.nan), np.array([1, 3], np.int32), 20, 20))
 
 
 # ---------------------------------------------------------------- the checks can fail
@@ -433,6 +453,14 @@ def test_a_wrong_tie_rule_is_caught(build_dir, monkeypatch):
     A[1] = np.random.default_rng(0).integers(-1, 2, size=(8, 8))
     _, piv, _ = _small_getrf(exe, A)
     assert (piv != _cpu_factor(A)[1]).any()
+
+
+def test_a_grid_stride_step_that_skips_matrices_is_caught(build_dir, monkeypatch):
+    """With the backend's launch every matrix has its own warp; one warp has to stride."""
+    exe = _broken(build_dir, "address", "small_lu.cu", "b += nwarps)", "b += 2 * nwarps)", monkeypatch)
+    A = np.random.default_rng(0).standard_normal((5, 8, 8))
+    LU, _, _ = _small_getrf(exe, A, how="one block")
+    assert not np.array_equal(LU, _cpu_factor(A)[0])
 
 
 def test_a_shared_memory_overrun_is_caught(build_dir, monkeypatch):
@@ -467,10 +495,33 @@ def test_a_divergent_shuffle_is_caught(build_dir, monkeypatch):
         _small_getrf(exe, np.random.default_rng(0).standard_normal((1, 8, 8)))
 
 
+def test_lanes_at_different_calls_of_one_shuffle_helper_are_caught(build_dir, monkeypatch):
+    """The same count of shuffles, the same source line, but two call sites of small_lu.cu's shfl()."""
+    exe = _broken(
+        build_dir,
+        "address",
+        "small_lu.cu",
+        "const T xj = shfl(x, j);\n                if (mine && lane > j)",
+        "const T xj = mine ? shfl(x, j) : shfl(x, j);\n                if (mine && lane > j)",
+        monkeypatch,
+    )
+    A = np.random.default_rng(0).standard_normal((1, 8, 8))
+    LU, piv, _ = _cpu_factor(A)
+    w = np.ones((1, 1, 8))
+    with pytest.raises(simt.KernelFailed, match="divergent barrier"):
+        _small_getrs(
+            exe, np.ascontiguousarray(LU.swapaxes(1, 2)), (piv - 1).astype(np.int32), np.zeros(1, np.int64), w, 1
+        )
+
+
 def test_a_wrong_argument_type_is_caught(asan):
     A = np.random.default_rng(0).standard_normal((1, 4, 4))
     s = A.swapaxes(1, 2).copy()
     piv, info = np.zeros((1, 4), np.int32), np.zeros(1, np.int32)
-    args = (s, piv, info, np.int32(1), np.int32(4), np.int32(4), np.int32(1))  # nbatch is a long long
+    launch = _launch.small_getrf(s, piv, info, 4, 4, True)
     with pytest.raises(simt.KernelFailed, match="argument 3: the kernel takes a 8-byte signed integer"):
-        simt.run(asan, "small_lu.cu", "small_getrf<double>", _launch.small_getrf(1, 4, 4, A.dtype), args)
+        simt.run(asan, launch._replace(args=(*launch.args[:3], np.int32(1), *launch.args[4:])))
+    with pytest.raises(simt.KernelFailed, match="argument 1: the kernel takes a pointer to 4-byte items of kind i"):
+        simt.run(asan, launch._replace(args=(s, piv.astype(np.int64), *launch.args[2:])))
+    with pytest.raises(simt.KernelFailed, match="argument 0: the kernel takes a pointer to 8-byte items of kind f"):
+        simt.run(asan, launch._replace(args=(s.astype(np.float32), *launch.args[1:])))

@@ -1,11 +1,12 @@
 """The GPU backend's own kernels, compiled for the host and run under simt.h's emulation of CUDA.
 
 A check of the kernels' logic where no GPU is lent: the very ``.cu`` files of
-``lu_core/_gpu`` (read through ``_sources``, with their name expressions), compiled by
-the host's C++ compiler against ``simt.h`` and launched with the backend's own launch
-shapes (``lu_core._gpu._launch``). The only edit to a source is the form of its
-``extern __shared__`` declarations, which become pointers to the block's dynamic
-shared memory (:func:`host_source`; the line numbers stay the source's).
+``lu_core/_gpu`` and their ``common.cuh`` (read through ``_sources``, with their name
+expressions), compiled by the host's C++ compiler against ``simt.h`` (in place of
+CuPy's ``complex.cuh``) and run with launches built by the backend's own
+``lu_core._gpu._launch`` (shapes and argument types). The only edit to a source is the
+form of its ``extern __shared__`` declarations, which become pointers to the block's
+dynamic shared memory (:func:`host_source`; the line numbers stay the source's).
 
 Two builds: AddressSanitizer + UndefinedBehaviorSanitizer (``"address"``: out-of-bounds
 accesses, shared memory included, signed overflow) and ThreadSanitizer (``"thread"``:
@@ -27,18 +28,20 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
 
 import numpy as np
 
-from lu_core._gpu import _sources
+from lu_core._gpu import _launch, _sources
 
 HERE = pathlib.Path(__file__).parent
 
 _SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Za-z_][\w ]*?)\s+(\w+)\s*\[\s*\]\s*;")
 
+# Frame pointers, no inlining and no optimisation (which may duplicate a call into two branches):
+# simt.h tells shuffle sites apart by return addresses.
+COMMON_FLAGS = ("-std=c++20", "-O0", "-g", "-pthread", "-fno-omit-frame-pointer", "-fno-inline")
 FLAGS = {
-    "address": ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer"),
+    "address": ("-fsanitize=address,undefined", "-fno-sanitize-recover=all"),
     "thread": ("-fsanitize=thread",),
 }
 
@@ -51,6 +54,8 @@ def host_source(source: str) -> str:
     """``source``'s text for the host: each ``extern __shared__ T name[];`` becomes a pointer to the
     block's dynamic shared memory. Raises if the source has a declaration the pattern misses."""
     text = (_sources._HERE / source).read_text()
+    if source == _sources.COMMON and "__shared__" not in text:
+        return text
     rewritten, count = _SHARED.subn(r"\1* \2 = simt::dynamic_shared<\1>();", text)
     if rewritten.count("__shared__") != 0 or text.count("extern __shared__") != count:
         raise AssertionError(f"{source}: a __shared__ declaration the host build does not know how to emulate")
@@ -64,9 +69,11 @@ def _namespace(source: str) -> str:
 def translation_unit() -> str:
     """One C++ file: every source in its own namespace, then the table of its name expressions."""
     parts = ['#include "simt.h"', ""]
+    common = (_sources._HERE / _sources.COMMON).resolve()
     for source in sorted(_sources.SOURCES):
         path = (_sources._HERE / source).resolve()
-        parts += [f"namespace {_namespace(source)} {{", f'#line 1 "{path}"', host_source(source), "}", ""]
+        parts += [f"namespace {_namespace(source)} {{", f'#line 1 "{common}"', host_source(_sources.COMMON)]
+        parts += [f'#line 1 "{path}"', host_source(source), "}", ""]
     parts += ['#include "runner.h"', "", "const simt::Entry simt_entries[] = {"]
     count = 0
     for source, (_, names) in sorted(_sources.SOURCES.items()):
@@ -86,10 +93,7 @@ def build(sanitizer: str, directory: pathlib.Path) -> pathlib.Path:
     code = translation_unit()
     command = [
         cxx,
-        "-std=c++20",
-        "-O1",
-        "-g",
-        "-pthread",
+        *COMMON_FLAGS,
         "-Wall",
         "-Werror",
         "-Wno-unknown-pragmas",
@@ -114,27 +118,21 @@ class KernelFailed(RuntimeError):
     """The emulated launch stopped: a sanitizer report, a deadlock, a divergent barrier or shuffle."""
 
 
-def run(
-    exe: pathlib.Path,
-    source: str,
-    name: str,
-    launch: tuple[tuple[int], tuple[int], int],
-    args: Sequence[object],
-    timeout: float = 300,
-) -> None:
-    """Launch kernel ``name`` of ``source`` on ``args`` as CuPy would: arrays (C-contiguous, updated in
-    place from the kernel's writes) become pointers, NumPy integer scalars integers of their width."""
-    (grid,), (block,), shared = launch
+def run(exe: pathlib.Path, launch: _launch.Launch, timeout: float = 300) -> None:
+    """Run ``launch`` (built by ``lu_core._gpu._launch``; its grid, block and shared memory may be
+    replaced with ``launch._replace``) as CuPy would: arrays (C-contiguous, updated in place from the
+    kernel's writes) become pointers, NumPy integer scalars integers of their width."""
+    (grid,), (block,), shared = launch.grid, launch.block, launch.shared
     with tempfile.TemporaryDirectory(prefix="simt-") as tmp:
-        lines = [f"kernel {source} {name}", f"launch {grid} {block} {shared}"]
+        lines = [f"kernel {launch.source} {launch.name}", f"launch {grid} {block} {shared}"]
         buffers = []
-        for i, a in enumerate(args):
+        for i, a in enumerate(launch.args):
             if isinstance(a, np.ndarray):
                 if not a.flags.c_contiguous:
                     raise ValueError(f"argument {i}: the kernels take C-contiguous arrays")
                 path = pathlib.Path(tmp) / f"{i}.bin"
                 path.write_bytes(a.tobytes())
-                lines.append(f"buf {path} {a.nbytes}")
+                lines.append(f"buf {path} {a.nbytes} {a.dtype.kind} {a.dtype.itemsize}")
                 buffers.append((a, path))
             elif isinstance(a, np.integer):
                 lines.append(f"int {a.dtype.itemsize} {int(a.dtype.kind == 'i')} {int(a)}")
@@ -145,6 +143,9 @@ def run(
         env = {**os.environ, "ASAN_OPTIONS": "detect_leaks=0", "TSAN_OPTIONS": "halt_on_error=1"}
         done = subprocess.run([str(exe), str(spec)], capture_output=True, text=True, timeout=timeout, env=env)
         if done.returncode:
-            raise KernelFailed(f"{source} {name} {launch}: exit {done.returncode}\n{done.stderr[-8000:]}")
+            raise KernelFailed(
+                f"{launch.source} {launch.name} {launch.grid} {launch.block} {launch.shared}: "
+                f"exit {done.returncode}\n{done.stderr[-8000:]}"
+            )
         for a, path in buffers:
             a[...] = np.frombuffer(path.read_bytes(), dtype=a.dtype).reshape(a.shape)

@@ -6,12 +6,14 @@
 //
 //     kernel SOURCE NAME           a name expression of _sources.SOURCES, e.g. small_lu.cu small_getrf<double>
 //     launch GRID BLOCK SHARED     one-dimensional grid and block, dynamic shared memory in bytes
-//     buf PATH BYTES               a pointer argument: the file's bytes, read before and written back after
+//     buf PATH BYTES KIND ITEMSIZE a pointer argument: the file's bytes, read before and written back after;
+//                                  KIND and ITEMSIZE are the array's NumPy dtype's (f, c, i, u; bytes)
 //     int BYTES SIGNED VALUE       an integer argument of that width and signedness
 //
 // Arguments must match the kernel's parameters in number, kind (pointer or
-// integer) and integer width and signedness, as CuPy requires of a launch's
-// NumPy scalars: a mismatch stops the run. Each buffer lives in a heap block of
+// integer), integer width and signedness (as CuPy requires of a launch's NumPy
+// scalars) and pointed-to type (float, double, complex<float>, complex<double>
+// or an integer of the array's width and signedness): a mismatch stops the run. Each buffer lives in a heap block of
 // exactly its size, so AddressSanitizer reports a kernel reading or writing
 // past an array's end.
 //
@@ -38,15 +40,39 @@ struct Arg {
     std::size_t bytes = 0;  // buffer size, or the integer's width
     bool is_signed = false;
     long long value = 0;
+    char kind = 0;  // a buffer's NumPy dtype kind and item size
+    std::size_t itemsize = 0;
 };
+
+template <typename T>
+struct is_complex : std::false_type {};
+template <typename T>
+struct is_complex<std::complex<T>> : std::true_type {};
+
+// The NumPy kind of what a kernel's pointer parameter points to.
+template <typename E>
+constexpr char kind_of() {
+    if constexpr (is_complex<E>::value) return 'c';
+    else if constexpr (std::is_floating_point<E>::value) return 'f';
+    else if constexpr (std::is_integral<E>::value) return std::is_signed<E>::value ? 'i' : 'u';
+    else return '?';
+}
 
 template <typename P>
 P convert(const Arg& a, std::size_t index) {
     char msg[200];
     if constexpr (std::is_pointer<P>::value) {
+        using E = typename std::remove_cv<typename std::remove_pointer<P>::type>::type;
         if (!a.is_buffer) {
             std::snprintf(msg, sizeof msg, "argument %zu: the kernel takes a pointer, the launch gives an integer",
                           index);
+            fail(msg);
+        }
+        if (a.kind != kind_of<E>() || a.itemsize != sizeof(E)) {
+            std::snprintf(msg, sizeof msg,
+                          "argument %zu: the kernel takes a pointer to %zu-byte items of kind %c, the launch gives "
+                          "an array of %zu-byte items of kind %c",
+                          index, sizeof(E), kind_of<E>(), a.itemsize, a.kind);
             fail(msg);
         }
         return static_cast<P>(a.ptr);
@@ -134,7 +160,7 @@ int main(int argc, char** argv) {
         } else if (what == "buf") {
             simt::Arg a;
             std::string path;
-            in >> path >> a.bytes;
+            in >> path >> a.bytes >> a.kind >> a.itemsize;
             a.is_buffer = true;
             a.ptr = std::malloc(a.bytes ? a.bytes : 1);
             std::ifstream f(path, std::ios::binary);
