@@ -118,7 +118,7 @@ def _recip_impl(d):
 def _reciprocal_is_safe(d):
     """``|d| >= sfmin`` (the smallest normal number of ``d``'s precision, LAPACK's ``?lamch('S')``): then
     ``1 / d`` is finite and ``?getf2`` scales by it; below, it divides each entry by ``d``, as here."""
-    return abs(d) >= np.finfo(np.float64).tiny
+    return abs(d) >= np.finfo(np.asarray(d).real.dtype).tiny
 
 
 @overload(_reciprocal_is_safe, jit_options=_HELPER, inline="always")

@@ -8,7 +8,7 @@ test suite compiles the very ``RawModule`` objects :func:`raw_module` builds
 runs the same sources and name expressions on the host under an emulation of
 CUDA (tests/lu_core/_gpu/test_kernels_emulated.py).
 Compiled modules are memoised per device, kernel function objects per device
-and name, so a launch costs no lookup.
+and name, so a launch costs two dictionary lookups, no compilation.
 
 Importable without CuPy (the tables); compiling needs CuPy, but neither a GPU
 nor cuBLAS / cuSOLVER.

@@ -26,3 +26,28 @@ template <typename T>
 __device__ __forceinline__ bool reciprocal_is_safe(complex<T> d) {
     return abs(d) >= safe_min(T());
 }
+
+// x / d as the CPU backend divides (Numba's complex division is CPython's: through by
+// the larger part of d), so that both devices round alike; CuPy's (Thrust's) operator/
+// scales by 1 / (|re| + |im|) first, which overflows for a subnormal d. d == 0 gives
+// x * Inf (each part Inf or NaN), the CPU backend's rule (a singular U in a solve).
+template <typename T>
+__device__ __forceinline__ T quotient(T x, T d) {
+    return x / d;
+}
+template <typename T>
+__device__ __forceinline__ complex<T> quotient(complex<T> x, complex<T> d) {
+    const T xr = x.real(), xi = x.imag(), dr = d.real(), di = d.imag();
+    if (dr == T(0) && di == T(0)) {
+        const T inf = T(1) / T(0);
+        return complex<T>(xr * inf - xi * T(0), xr * T(0) + xi * inf);
+    }
+    if (fabs(dr) >= fabs(di)) {
+        const T ratio = di / dr;
+        const T denom = dr + di * ratio;
+        return complex<T>((xr + xi * ratio) / denom, (xi - xr * ratio) / denom);
+    }
+    const T ratio = dr / di;
+    const T denom = dr * ratio + di;
+    return complex<T>((xr * ratio + xi) / denom, (xi * ratio - xr) / denom);
+}

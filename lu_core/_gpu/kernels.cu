@@ -198,10 +198,12 @@ __global__ void nopivot_refactor(const T* __restrict__ orig, T* __restrict__ s, 
             if (d == T(0)) {
                 if (first_zero == 0) first_zero = j + 1;
             } else if (reciprocal_is_safe(d)) {
-                const T r = T(1) / d;
+                const T r = quotient(T(1), d);
                 for (int i = j + 1 + threadIdx.x; i < m; i += blockDim.x) a[(long long)j * m + i] *= r;
             } else {  // a subnormal pivot: its reciprocal overflows
-                for (int i = j + 1 + threadIdx.x; i < m; i += blockDim.x) a[(long long)j * m + i] /= d;
+                for (int i = j + 1 + threadIdx.x; i < m; i += blockDim.x) {
+                    a[(long long)j * m + i] = quotient(a[(long long)j * m + i], d);
+                }
             }
             __syncthreads();
             const int rows = m - j - 1;

@@ -19,7 +19,8 @@
 // factorization and the untransposed solve an update with an exact zero factor
 // is skipped (so 0 * Inf never makes a NaN that LAPACK would not make); the
 // transposed solves sum their dot products in trsm's order, without that test,
-// as LAPACK does.
+// as LAPACK does. Every division is common.cuh's quotient(): for complex dtypes
+// the CPU backend's (CPython's) algorithm, so complex results round alike too.
 
 #define LU_CORE_FULL_MASK 0xffffffffu
 
@@ -130,10 +131,10 @@ __global__ void small_getrf(T* __restrict__ s, int* __restrict__ piv, int* __res
             }
             const int r0 = k + 1 + ((lane - k - 1) & 31);  // this lane's first row below the diagonal
             if (d != T(0) && reciprocal_is_safe(d)) {
-                const T inv = T(1) / d;
+                const T inv = quotient(T(1), d);
                 for (int r = r0; r < m; r += 32) col[r] = col[r] * inv;
             } else if (d != T(0)) {  // a subnormal pivot: its reciprocal overflows
-                for (int r = r0; r < m; r += 32) col[r] = col[r] / d;
+                for (int r = r0; r < m; r += 32) col[r] = quotient(col[r], d);
             }
             for (int r = r0; r < m; r += 32) {
                 const T l = col[r];
@@ -188,7 +189,7 @@ __global__ void small_getrs(const T* __restrict__ s, const int* __restrict__ piv
                 if (xj != T(0) && mine && lane > j) x -= a[(long long)j * n + lane] * xj;
             }
             for (int j = n - 1; j >= 0; --j) {  // U x = y
-                if (lane == j) x = x / a[(long long)j * n + j];
+                if (lane == j) x = quotient(x, a[(long long)j * n + j]);
                 const T xj = shfl(x, j);
                 if (xj != T(0) && lane < j) x -= a[(long long)j * n + lane] * xj;
             }
@@ -197,7 +198,7 @@ __global__ void small_getrs(const T* __restrict__ s, const int* __restrict__ piv
             // the products with the entries before it in the solve's order, ascending, then divided;
             // no zero test (trsm makes none on this side). So the CPU backend's bits.
             for (int j = 0; j < n; ++j) {  // op(U) y = b: lower triangular, lane i subtracting j = 0 .. i - 1
-                if (lane == j) x = x / maybe_conj(a[(long long)j * n + j], cj);
+                if (lane == j) x = quotient(x, maybe_conj(a[(long long)j * n + j], cj));
                 const T xj = shfl(x, j);
                 if (mine && lane > j) x -= maybe_conj(a[(long long)lane * n + j], cj) * xj;
             }

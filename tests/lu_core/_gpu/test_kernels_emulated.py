@@ -5,9 +5,9 @@ for the host against ``simt/simt.h``, run with launches built by the backend's o
 ``lu_core._gpu._launch`` (its shapes and argument types, each argument checked against
 the kernel's parameter), and also with a single block or warp so that every
 grid-stride loop goes round more than once, and compared with the CPU backend, which is checked against LAPACK and PyTorch
-elsewhere. Real dtypes must give the CPU backend's bits (the same operations in the
-same order); complex ones its pivots and values to rounding (the host's
-``std::complex`` is not Thrust's). Every run is under AddressSanitizer +
+elsewhere. Every dtype must give the CPU backend's bits where the CPU runs its own
+kernels (the same operations in the same order; complex division through
+common.cuh's ``quotient``, the CPU's algorithm), NaN where NaN. Every run is under AddressSanitizer +
 UndefinedBehaviorSanitizer; a subset also under ThreadSanitizer, which reports
 threads of a block touching the same memory without a barrier between them.
 The last tests break a kernel on purpose to show each check fails.
@@ -72,14 +72,16 @@ def _run(exe, launch: _launch.Launch, how: str = "backend") -> None:
 
 
 def _same(got, want, dtype, exact=True) -> None:
-    """Bits for real dtypes (where ``exact``: the CPU ran the same operations in the same order),
-    NaN where NaN; otherwise equal to rounding."""
+    """Bits (where ``exact``: the CPU ran the same operations in the same order; for complex dtypes
+    the kernels divide as the CPU does, common.cuh's quotient), NaN where NaN (its sign and payload
+    are the hardware's); otherwise equal to rounding."""
     got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
     assert got.shape == want.shape and got.dtype == want.dtype
-    if exact and np.dtype(dtype).kind != "c":
-        nan = np.isnan(want)  # NaN where NaN; its sign and payload are the hardware's
-        np.testing.assert_array_equal(np.isnan(got), nan)
-        np.testing.assert_array_equal(got[~nan].view(np.uint8), want[~nan].view(np.uint8))
+    if exact:
+        parts_got, parts_want = (x.view(x.real.dtype) for x in (got, want))  # complex: (re, im) pairs
+        nan = np.isnan(parts_want)
+        np.testing.assert_array_equal(np.isnan(parts_got), nan)
+        np.testing.assert_array_equal(parts_got[~nan].view(np.uint8), parts_want[~nan].view(np.uint8))
     else:
         tol = 1e-4 if np.dtype(dtype) in (np.float32, np.complex64) else 1e-12
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol, equal_nan=True)
