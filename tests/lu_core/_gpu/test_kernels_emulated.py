@@ -465,36 +465,37 @@ def test_a_grid_stride_step_that_skips_matrices_is_caught(build_dir, monkeypatch
     assert not np.array_equal(LU, _cpu_factor(A)[0])
 
 
-def test_a_shared_memory_overrun_is_caught(build_dir, monkeypatch):
-    exe = _broken(build_dir, "address", "small_lu.cu", "const int ld = m | 1;", "const int ld = m + 1;", monkeypatch)
-    with pytest.raises(simt.KernelFailed, match="AddressSanitizer"):
-        _small_getrf(exe, np.random.default_rng(0).standard_normal((4, 9, 9)))  # odd m: one row more each
-
-
-def test_a_missing_syncwarp_is_caught(build_dir, monkeypatch):
-    exe = _broken(
-        build_dir,
+BREAKS = {  # a defect put into small_getrf: (build, the source's text, its broken form, the input, the report)
+    "shared-memory overrun": (
+        "address",
+        "const int ld = m | 1;",
+        "const int ld = m + 1;",  # odd m: each warp's matrix one row longer than its share
+        (4, 9, 9),
+        "AddressSanitizer",
+    ),
+    "missing __syncwarp": (
         "thread",
-        "small_lu.cu",
         "__syncwarp();  // the swapped rows, and every lane's reads of the column, before it changes",
         "// (no barrier)",
-        monkeypatch,
-    )
-    with pytest.raises(simt.KernelFailed, match="ThreadSanitizer: data race"):
-        _small_getrf(exe, np.random.default_rng(0).standard_normal((2, 40, 8)))
-
-
-def test_a_divergent_shuffle_is_caught(build_dir, monkeypatch):
-    exe = _broken(
-        build_dir,
+        (2, 40, 8),
+        "ThreadSanitizer: data race",
+    ),
+    "divergent shuffles": (
         "address",
-        "small_lu.cu",
         "for (int off = 16; off > 0; off >>= 1) {",
         "for (int off = 16; off > (lane & 1); off >>= 1) {",
-        monkeypatch,
-    )
-    with pytest.raises(simt.KernelFailed, match="divergent barrier"):
-        _small_getrf(exe, np.random.default_rng(0).standard_normal((1, 8, 8)))
+        (1, 8, 8),
+        "divergent barrier",
+    ),
+}
+
+
+@pytest.mark.parametrize("defect", sorted(BREAKS))
+def test_a_broken_factorization_kernel_is_caught(build_dir, monkeypatch, defect):
+    sanitizer, old, new, shape, report = BREAKS[defect]
+    exe = _broken(build_dir, sanitizer, "small_lu.cu", old, new, monkeypatch)
+    with pytest.raises(simt.KernelFailed, match=report):
+        _small_getrf(exe, np.random.default_rng(0).standard_normal(shape))
 
 
 def test_lanes_at_different_calls_of_one_shuffle_helper_are_caught(build_dir, monkeypatch):
