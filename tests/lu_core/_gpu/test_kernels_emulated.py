@@ -6,8 +6,9 @@ for the host against ``simt/simt.h``, run with launches built by the backend's o
 the kernel's parameter), and also with a single block or warp so that every
 grid-stride loop goes round more than once, and compared with the CPU backend, which is checked against LAPACK and PyTorch
 elsewhere. Every dtype must give the CPU backend's bits where the CPU runs its own
-kernels (the same operations in the same order; complex division through
-common.cuh's ``quotient``, the CPU's algorithm), NaN where NaN. Every run is under AddressSanitizer +
+kernels (the same operations in the same order; complex numbers are CuPy's own
+``complex<T>``, and complex division goes through common.cuh's ``quotient``, the
+CPU's algorithm), NaN where NaN. Every run is under AddressSanitizer +
 UndefinedBehaviorSanitizer; a subset also under ThreadSanitizer, which reports
 threads of a block touching the same memory without a barrier between them.
 The last tests break a kernel on purpose to show each check fails.
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+pytest.importorskip("cupy", reason="make test installs cupy-cuda13x, whose headers (complex.cuh) the kernels use")
 
 import lu_core
 from lu_core._cpu import _kernels, backend
@@ -528,3 +531,15 @@ def test_a_wrong_argument_type_is_caught(asan):
         simt.run(asan, launch._replace(args=(s, piv.astype(np.int64), *launch.args[2:])))
     with pytest.raises(simt.KernelFailed, match="argument 0: the kernel takes a pointer to 8-byte items of kind f"):
         simt.run(asan, launch._replace(args=(s.astype(np.float32), *launch.args[1:])))
+
+
+def test_cupys_complex_division_by_a_subnormal_pivot_is_caught(build_dir, monkeypatch):
+    """Why the kernels divide with common.cuh's quotient(): CuPy's complex operator/ scales by
+    1 / (|re| + |im|) first, which overflows for a subnormal divisor, and the quotient is NaN."""
+    exe = _broken(
+        build_dir, "address", "small_lu.cu", "col[r] = quotient(col[r], d);", "col[r] = col[r] / d;", monkeypatch
+    )
+    tiny = np.finfo(np.complex128).tiny
+    A = np.array([[[tiny / 10, 1], [tiny / 20, 1]]], np.complex128)
+    LU, _, _ = _small_getrf(exe, A)
+    assert np.isnan(LU).any() and np.isfinite(_cpu_factor(A)[0]).all()

@@ -2,8 +2,9 @@
 
 A check of the kernels' logic where no GPU is lent: the very ``.cu`` files of
 ``lu_core/_gpu`` and their ``common.cuh`` (read through ``_sources``, with their name
-expressions), compiled by the host's C++ compiler against ``simt.h`` (in place of
-CuPy's ``complex.cuh``) and run with launches built by the backend's own
+expressions), after the backend's own prelude (CuPy's ``<cupy/complex.cuh>``, from the
+headers CuPy gives NVRTC), compiled by the host's C++ compiler against ``simt.h`` and
+run with launches built by the backend's own
 ``lu_core._gpu._launch`` (shapes and argument types). The only edit to a source is the
 form of its ``extern __shared__`` declarations, which become pointers to the block's
 dynamic shared memory (:func:`host_source`; the line numbers stay the source's).
@@ -62,13 +63,24 @@ def host_source(source: str) -> str:
     return rewritten
 
 
+def cupy_headers() -> list[str]:
+    """The include directories CuPy gives NVRTC that hold its own headers (its ``complex.cuh`` and the
+    CCCL it bundles), as system headers (their warnings are not ours). Needs CuPy (not a GPU)."""
+    import cupy
+    from cupy._core.core import assemble_cupy_compiler_options
+
+    root = str(pathlib.Path(cupy.__file__).parent)
+    dirs = [o[2:] for o in assemble_cupy_compiler_options(()) if o.startswith("-I") and o[2:].startswith(root)]
+    return [arg for d in dirs for arg in ("-isystem", d)]
+
+
 def _namespace(source: str) -> str:
     return "src_" + re.sub(r"\W", "_", source.removesuffix(".cu"))
 
 
 def translation_unit() -> str:
     """One C++ file: every source in its own namespace, then the table of its name expressions."""
-    parts = ['#include "simt.h"', ""]
+    parts = ['#include "simt.h"', _sources.PRELUDE]
     common = (_sources._HERE / _sources.COMMON).resolve()
     for source in sorted(_sources.SOURCES):
         path = (_sources._HERE / source).resolve()
@@ -100,6 +112,7 @@ def build(sanitizer: str, directory: pathlib.Path) -> pathlib.Path:
         *FLAGS[sanitizer],
         "-I",
         str(HERE),
+        *cupy_headers(),
     ]
     key = hashlib.sha256(
         "\0".join([code, (HERE / "simt.h").read_text(), (HERE / "runner.h").read_text(), *command]).encode()

@@ -47,7 +47,7 @@ struct Arg {
 template <typename T>
 struct is_complex : std::false_type {};
 template <typename T>
-struct is_complex<std::complex<T>> : std::true_type {};
+struct is_complex<complex<T>> : std::true_type {};  // CuPy's (Thrust's), from the prelude
 
 // The NumPy kind of what a kernel's pointer parameter points to.
 template <typename E>

@@ -28,8 +28,9 @@
 //   block, so AddressSanitizer reports any access beyond it; global buffers
 //   are heap blocks of exactly their arrays' sizes (runner.cpp).
 // * atomicMin on unsigned long long.
-// * complex<T> is std::complex<T> (CuPy's is Thrust's): same operations, not
-//   necessarily the same rounding for complex products and quotients.
+// * complex<T> is CuPy's own (<cupy/complex.cuh>, Thrust's), the header the
+//   backend gives NVRTC, compiled for the host: the same arithmetic as on the
+//   device (but for fused multiply-adds, which the kernels are built without).
 //
 // Built with AddressSanitizer + UndefinedBehaviorSanitizer (out-of-bounds
 // accesses, signed overflow in index arithmetic) and, separately, with
@@ -46,7 +47,6 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <complex>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdint>
@@ -60,10 +60,12 @@ struct dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
 
-template <typename T>
-using complex = std::complex<T>;
-using std::conj;
+// What CUDA puts in the global namespace and CuPy's complex.cuh (included next) uses.
 using std::fabs;
+using std::isfinite;
+using std::isinf;
+using std::isnan;
+using std::signbit;
 
 namespace simt {
 
@@ -220,6 +222,7 @@ __attribute__((noinline)) T shfl_xor(int line, unsigned mask, T value, int lanes
 }  // namespace simt
 
 #define __global__
+#define __host__
 #define __device__
 #define __forceinline__ inline
 #define __align__(n) alignas(n)
