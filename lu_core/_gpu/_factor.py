@@ -81,7 +81,7 @@ def _small(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, m: int, n: int, piv
         # one value whatever the size, so that two threads setting it at once never lower it under the
         # other's launch.
         fn.max_dynamic_shared_size_bytes = _device_optin()
-    _sources.run(launch)
+    _sources.run(launch, fn)
 
 
 def _getrf_batched(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, pivot: bool) -> None:

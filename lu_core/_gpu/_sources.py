@@ -117,6 +117,8 @@ def kernel(source: str, name: str) -> Any:
     return _function(source, name, cp.cuda.Device().id)
 
 
-def run(launch: Any) -> None:
-    """Launch a :class:`lu_core._gpu._launch.Launch` on the current device."""
-    kernel(launch.source, launch.name)(launch.grid, launch.block, launch.args, shared_mem=launch.shared)
+def run(launch: Any, fn: Any = None) -> None:
+    """Launch a :class:`lu_core._gpu._launch.Launch` on the current device (with ``fn``, its kernel, where
+    the caller has looked it up already)."""
+    fn = fn if fn is not None else kernel(launch.source, launch.name)
+    fn(launch.grid, launch.block, launch.args, shared_mem=launch.shared)

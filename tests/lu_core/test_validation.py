@@ -242,3 +242,20 @@ def _leaves(x):
     if isinstance(x, tuple):
         return [leaf for item in x for leaf in _leaves(item)]
     return [np.asarray(x)]
+
+
+def test_big_endian_input_keeps_the_dtype_rules():
+    """Byte order changes nothing else: big-endian integers promote to float64 (pivots of any integer
+    type are read), big-endian float16 is refused with the native one's error."""
+    A = np.eye(3) * 2 + 1
+    np.testing.assert_array_equal(lu_core.lu_factor(A.astype(">i4"))[0], lu_core.lu_factor(A)[0])
+    LU, piv = lu_core.lu_factor(A)
+    B = np.ones((3, 1))
+    for dt in (">i2", ">i8", ">u4"):
+        np.testing.assert_array_equal(lu_core.lu_solve(LU, piv.astype(dt), B), lu_core.lu_solve(LU, piv, B))
+    with pytest.raises(DTypeError, match="^A: unsupported dtype >f2"):
+        lu_core.lu_factor(A.astype(">f2"))
+    bad = piv.astype(">i8")
+    bad[0] = 4
+    with pytest.raises(PivotError, match=r"value 4 at index \(0,\) is outside \[1, 3\]"):
+        lu_core.lu_solve(LU, bad, B)

@@ -55,8 +55,6 @@ def host_source(source: str) -> str:
     """``source``'s text for the host: each ``extern __shared__ T name[];`` becomes a pointer to the
     block's dynamic shared memory. Raises if the source has a declaration the pattern misses."""
     text = (_sources._HERE / source).read_text()
-    if source == _sources.COMMON and "__shared__" not in text:
-        return text
     rewritten, count = _SHARED.subn(r"\1* \2 = simt::dynamic_shared<\1>();", text)
     if rewritten.count("__shared__") != 0 or text.count("extern __shared__") != count:
         raise AssertionError(f"{source}: a __shared__ declaration the host build does not know how to emulate")
