@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import textwrap
 import sys
 
 import pytest
@@ -159,3 +162,26 @@ def test_a_positive_time_budget_is_taken():
     from bench import core_gpu
 
     assert core_gpu.seconds_budget("150") == 150.0 and core_gpu.seconds_budget("0.5") == 0.5
+
+
+def test_the_device_collects_the_gpu_tests_elsewhere_without_dev_only_packages():
+    """The device image lacks schemathesis, jsonschema and the client (an H200 run stopped on them when
+    it collected all of tests/): the files chosen collect there, and include the service's gpu tests."""
+    files = gpu_proof.gpu_marked_elsewhere()
+    assert "tests/service/test_device_memory.py" in files and not any("lu_core/_gpu" in f for f in files)
+    blocker = textwrap.dedent(
+        """
+        import importlib.abc, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in {"schemathesis", "jsonschema", "lu_client"}:
+                    raise ImportError(f"{name} is not on the device")
+        sys.meta_path.insert(0, Block())
+        import pytest
+        sys.exit(pytest.main(["-q", "--collect-only", "-p", "no:cacheprovider", "-m", "gpu", *sys.argv[1:]]))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", blocker, *files], cwd=gpu_proof.ROOT, capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert re.search(r"\d+ tests? collected|\d+/\d+ tests collected", done.stdout), done.stdout[-2000:]
