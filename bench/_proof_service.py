@@ -330,20 +330,25 @@ def _transfer_budget(http: Any, op: str) -> str:
     piv = np.arange(1, n + 1, dtype=np.int32)
     tensors = {"LU": LU, "pivots": piv} if op == "lu_unpack" else {"LU": LU, "pivots": piv, "B": np.ones((n, 1))}
     body, headers = binary_body(tensors, {"unpack_pivots": False} if op == "lu_unpack" else None)
-    before = _device_seconds(http, op)
-    t0 = time.perf_counter()
-    r = http.post(f"/{op}", content=body, headers=headers)
-    wall = time.perf_counter() - t0
-    r.raise_for_status()
-    after = _device_seconds(http, op)
-    stages = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("upload", "compute", "download")}
-    device = sum(stages.values())
+    # Twice: the first request of a size allocates its pinned buffers (and, before the warm-up reached
+    # every library, loaded cuSOLVER: 4.4 s on the first H200); the second is the steady state.
+    runs = []
+    for _ in range(2):
+        before = _device_seconds(http, op)
+        t0 = time.perf_counter()
+        r = http.post(f"/{op}", content=body, headers=headers)
+        wall = time.perf_counter() - t0
+        r.raise_for_status()
+        after = _device_seconds(http, op)
+        runs.append(({k: after.get(k, 0.0) - before.get(k, 0.0) for k in ("upload", "compute", "download")}, wall))
     bare = _bare_copy_seconds(len(body), len(r.content))
-    parts = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in stages.items())
-    return (
-        f"device part {device * 1e3:.1f} ms ({parts}) = {device / bare:.2f}x a bare pinned copy "
-        f"({bare * 1e3:.1f} ms, target <= 1.3x); round trip {wall * 1e3:.0f} ms"
-    )
+    said = []
+    for label, (stages, wall) in zip(("first", "again"), runs, strict=True):
+        device = sum(stages.values())
+        parts = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in stages.items())
+        said.append(f"{label}: device part {device * 1e3:.1f} ms ({parts}) = {device / bare:.2f}x; "
+                    f"round trip {wall * 1e3:.0f} ms")  # fmt: skip
+    return f"{'; '.join(said)}; a bare pinned copy {bare * 1e3:.1f} ms (target <= 1.3x, again)"
 
 
 def _stored(http: Any, rng: np.random.Generator) -> str:

@@ -57,12 +57,13 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
     piv = cp.empty((nb, k), dtype=cp.int32)
     info = cp.zeros(nb, dtype=cp.int32)
     if nb and k:
-        if _tuning.own_kernel(m, n, dt, _device_optin):
+        path = _tuning.factor_path(m, n, nb, dt, _device_optin)
+        if path == "own":
             _small(s, piv, info, m, n, pivot)
         else:
             _libs.check_int32("A", m, n)
             kept = s.copy() if not pivot else None  # for nopivot_refactor
-            if m == n and _tuning.getrf_batched_wins(nb, n, dt):
+            if path == "getrfBatched":
                 _getrf_batched(s, piv, info, pivot)
             else:
                 _getrf_cusolver(s, piv, info, m, n, pivot)

@@ -73,18 +73,19 @@ def lu_solve(
     w3 = w.reshape(nprob, nrhs, n)
     if not w3.size:
         return w.swapaxes(-1, -2) if left else w
-    if n > _tuning.SMALL_SOLVE_MAX_N:  # the libraries index with 32-bit integers; our kernels do not
+    path = _tuning.solve_path(n, nprob, nrhs)
+    if path != "own":  # the libraries index with 32-bit integers; our kernels do not
         _libs.check_int32("LU", n, n)
         _libs.check_int32("B", n, nrhs)
     index = cp.asarray(lu_index, dtype=cp.int64)
-    trsm = n > _tuning.SMALL_SOLVE_MAX_N and nprob > 1 and not _getrs_batched_fits(n, nrhs)
+    trsm = path == "trsmBatched"
     perm = permutations(piv0, n) if trsm else None
     _gather(rhs, out_batch, w3, perm if op == _N else None, index, conj_io)
-    if n <= _tuning.SMALL_SOLVE_MAX_N:
+    if path == "own":
         _small(s, piv0, index, w3, op)
-    elif nprob == 1:
+    elif path == "getrs":
         _getrs_cusolver(s, piv0, int(lu_index[0]), w3, op)
-    elif not trsm:
+    elif path == "getrsBatched":
         _getrs_batched(s, piv0, index, w3, op)
     else:
         _trsm_batched(s, index, w3, op)
@@ -96,10 +97,6 @@ def lu_solve(
     if conj_io:
         cp.conjugate(w3, out=w3)
     return w.swapaxes(-1, -2) if left else w
-
-
-def _getrs_batched_fits(n: int, nrhs: int) -> bool:
-    return n <= _tuning.GETRS_BATCHED_MAX_N and nrhs <= _tuning.GETRS_BATCHED_MAX_NRHS
 
 
 def _gather(

@@ -89,3 +89,22 @@ GETRS_BATCHED_MAX_NRHS = 2
 #: kernels (a multiple of 32).
 BLOCK = 256
 SMALL_BLOCK = 128
+
+
+def factor_path(m: int, n: int, batch: int, dtype: np.dtype, optin: Callable[[], int] = lambda: SHARED_BYTES) -> str:
+    """The routine that factors a batch of ``m x n`` matrices: ``own`` (our warp-per-matrix kernel),
+    ``getrfBatched`` (cuBLAS, square batches) or ``getrf`` (cuSOLVER, a call per matrix)."""
+    if own_kernel(m, n, dtype, optin):
+        return "own"
+    return "getrfBatched" if m == n and getrf_batched_wins(batch, n, dtype) else "getrf"
+
+
+def solve_path(n: int, problems: int, nrhs: int) -> str:
+    """The routine that solves ``problems`` systems of order ``n`` with ``nrhs`` right-hand sides each:
+    ``own`` (our warp-per-vector kernel), ``getrs`` (cuSOLVER, one problem), ``getrsBatched`` or
+    ``trsmBatched`` (cuBLAS)."""
+    if n <= SMALL_SOLVE_MAX_N:
+        return "own"
+    if problems == 1:
+        return "getrs"
+    return "getrsBatched" if n <= GETRS_BATCHED_MAX_N and nrhs <= GETRS_BATCHED_MAX_NRHS else "trsmBatched"

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import httpx
+import numpy as np
 import pytest
 import uvicorn
 
@@ -254,3 +255,16 @@ def test_the_real_process_opens_its_port_before_it_is_ready():
         assert text.index("warm-up done") < text.index("ready on the CPU")
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("dtype", app_module.WARMUP_DTYPES)
+def test_the_warm_up_reaches_every_gpu_routine(dtype):
+    """Each library the GPU backend calls loads on first use (seconds on a fresh machine): the warm-up's
+    shapes (with one right-hand side each) must reach every factor and solve routine of its dispatch."""
+    from lu_core._gpu import _tuning
+
+    dt = np.dtype(dtype)
+    factor = {_tuning.factor_path(n, n, batch, dt) for batch, n in app_module.WARMUP_SHAPES}
+    solve = {_tuning.solve_path(n, batch, 1) for batch, n in app_module.WARMUP_SHAPES}
+    assert factor == {"own", "getrfBatched", "getrf"}
+    assert solve == {"own", "getrs", "getrsBatched", "trsmBatched"}
