@@ -26,11 +26,14 @@ the GPU.
 
 from __future__ import annotations
 
+import ctypes
 import importlib.metadata
 import logging
 import math
 import platform
+import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -460,6 +463,19 @@ class GpuDevice(Device):
         dev.set(host, stream=stream)
         return dev
 
+    def _download(self, v: Any, stream: Any, sources: list[Any]) -> np.ndarray:
+        """``v`` copied out on ``stream`` (the caller waits): into a pinned buffer that goes back to the
+        staging pool once the answer no longer holds it, or, small or past the pinned cap, into
+        pageable memory (a copy a third as fast or slower: 2.4 GB/s for 512 MiB on the first H200)."""
+        cp = self._cp
+        host = self._staging.lease(v.shape, v.dtype)
+        if host is None:
+            return cp.asnumpy(v, stream=stream)
+        src = cp.ascontiguousarray(v)  # C order, as asnumpy gives (a device copy only where v is a view)
+        sources.append(src)
+        src.data.copy_to_host_async(ctypes.c_void_p(host.ctypes.data), host.nbytes, stream)
+        return host
+
     def is_out_of_memory(self, exc: BaseException) -> bool:
         cp = self._cp
         if isinstance(exc, MemoryError | cp.cuda.memory.OutOfMemoryError):
@@ -544,14 +560,16 @@ class _GpuJob(Launched):
         try:
             download.wait_event(marks[3])
             marks[4].record(download)
+            sources: list[Any] = []  # device arrays the queued copies read, kept until they are done
             with download:
                 host = {
                     # Resident outputs (a stored factorization) stay on the device.
-                    k: v if v is None or isinstance(v, Resident) else cp.asnumpy(v, stream=download)
+                    k: v if v is None or isinstance(v, Resident) else device._download(v, download, sources)
                     for k, v in self._out.items()
                 }
             marks[5].record(download)
             marks[5].synchronize()  # after it, this job's uploads and compute are done too
+            del sources
         except BaseException:
             self._abandon()
             raise
@@ -583,12 +601,14 @@ def upload_parts(parts: Sequence[np.ndarray], new_axis: bool) -> list[np.ndarray
 
 
 class PinnedStaging:
-    """Pinned host buffers for uploads, reused across requests, their total bounded.
+    """Pinned host buffers for uploads and downloads, reused across requests, their total bounded.
 
     Buffers come from CuPy's pinned memory pool in power-of-two sizes and go back to
-    a free list after each job, so a steady stream of similar requests allocates no
-    pinned memory at all. Past ``limit`` bytes held, :meth:`take` answers None and the
-    caller copies from pageable memory instead (slower, never refused).
+    a free list: an upload's after its job (:meth:`release`), a download's (:meth:`lease`)
+    when the answer that reads it is gone, so a steady stream of similar requests
+    allocates no pinned memory at all. Past ``limit`` bytes held, :meth:`take` answers
+    None and the caller copies from or to pageable memory instead (slower, never refused).
+    Thread-safe: a leased buffer comes back on whichever thread drops the answer.
     """
 
     MIN_BYTES = 1 << 16  # below this a pageable copy costs no more
@@ -598,22 +618,42 @@ class PinnedStaging:
         self.limit = limit
         self.held_bytes = 0
         self._free: dict[int, list[Any]] = {}
+        self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> tuple[int, Any] | None:
         """A (size, buffer) of at least ``nbytes``; None when small or over the limit."""
         if nbytes < self.MIN_BYTES:
             return None
         size = 1 << (nbytes - 1).bit_length()
-        free = self._free.get(size)
-        if free:
-            return free.pop()
-        if self.limit is not None and self.held_bytes + size > self.limit:
-            self.clear()  # drop idle buffers of other sizes before giving up
-            if self.held_bytes + size > self.limit:
-                return None
-        taken = (size, self._cp.cuda.alloc_pinned_memory(size))
-        self.held_bytes += size
-        return taken
+        with self._lock:
+            free = self._free.get(size)
+            if free:
+                return free.pop()
+            if self.limit is not None and self.held_bytes + size > self.limit:
+                self._clear()  # drop idle buffers of other sizes before giving up
+                if self.held_bytes + size > self.limit:
+                    return None
+            self.held_bytes += size  # counted before the allocation, so that two takers stay under the cap
+        try:
+            return (size, self._cp.cuda.alloc_pinned_memory(size))
+        except BaseException:
+            with self._lock:
+                self.held_bytes -= size
+            raise
+
+    def lease(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+        """An uninitialised C-ordered host array in a pinned buffer, for a download; the buffer goes
+        back to the free list when this array and every view of it are gone (the response written).
+        None when small or over the limit."""
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        taken = self.take(nbytes)
+        if taken is None:
+            return None
+        raw = np.frombuffer(memoryview(taken[1]), dtype=np.uint8, count=nbytes)
+        # raw.base (a memoryview NumPy made, not the one passed) is what raw and every view of it keep
+        # alive, and nothing else holds: it dies with the last view of the answer.
+        weakref.finalize(raw.base, self.release, [taken])
+        return raw.view(dtype).reshape(shape)
 
     def stage(self, a: np.ndarray | list[np.ndarray], staged: list[Any]) -> np.ndarray | None:
         """``a`` (or its parts concatenated along the first axis) copied into a pinned buffer, once.
@@ -641,12 +681,17 @@ class PinnedStaging:
 
     def release(self, taken: list[tuple[int, Any]]) -> None:
         """Back to the free list (after the copies that read them have completed)."""
-        for item in taken:
-            self._free.setdefault(item[0], []).append(item)
+        with self._lock:
+            for item in taken:
+                self._free.setdefault(item[0], []).append(item)
         taken.clear()
 
     def clear(self) -> None:
         """Drop the idle buffers (CuPy's pinned pool keeps them until freed there)."""
+        with self._lock:
+            self._clear()
+
+    def _clear(self) -> None:
         for bufs in self._free.values():
             self.held_bytes -= sum(size for size, _ in bufs)
         self._free.clear()

@@ -9,6 +9,7 @@ recorded, so the tests check the worker's order of calls, which is the same on a
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import threading
 
 import numpy as np
@@ -487,6 +488,31 @@ class _StreamingCupy(_FakeCupy):
         self.cuda.get_elapsed_time = staticmethod(lambda start, end: 0.0)
         self.cuda.memory = type("memory", (), {"OutOfMemoryError": OutOfMemoryError})
         self.asnumpy = lambda a, stream=None: np.array(a.data)
+        self.downloads: list[bool] = []  # per download: into pinned memory (copy_to_host_async) or not
+        fake = self
+
+        class DevicePointer:  # MemoryPointer's copy out, for a C-contiguous stand-in array
+            def __init__(self, host) -> None:
+                self.host = host
+
+            def copy_to_host_async(self, mem, size, stream=None) -> None:
+                assert size == self.host.nbytes and any(
+                    ctypes.addressof(ctypes.c_char.from_buffer(b)) <= mem.value < ctypes.addressof(
+                        ctypes.c_char.from_buffer(b)) + len(b) for b in fake.pinned
+                ), "copy_to_host_async needs pinned memory"  # fmt: skip
+                fake.downloads.append(True)
+                ctypes.memmove(mem.value, self.host.ctypes.data, size)
+
+        def ascontiguousarray(a):
+            out = self.ndarray(a.shape, a.dtype)
+            out.data = DevicePointer(np.ascontiguousarray(a.data))
+            return out
+
+        def asnumpy(a, stream=None):
+            fake.downloads.append(False)
+            return np.array(a.data)
+
+        self.ascontiguousarray, self.asnumpy = ascontiguousarray, asnumpy
 
 
 def test_a_gpu_job_keeps_its_inputs_and_staging_buffers_until_its_result_is_collected():
@@ -509,7 +535,7 @@ def test_a_gpu_job_keeps_its_inputs_and_staging_buffers_until_its_result_is_coll
         seen.append(weakref.ref(tensors["A"]))
         return {"X": cp.asarray(tensors["A"].data * 2)}
 
-    big = np.ones((4, 64, 64))  # 128 KiB: staged through pinned memory
+    big = np.ones((4, 64, 64))  # 128 KiB: staged through pinned memory, and downloaded into it
     first = device.launch(compute, {"A": big}, {})
     first.compute()
     second = device.launch(compute, {"A": big * 3}, {})  # uploaded while the first is in flight
@@ -522,19 +548,63 @@ def test_a_gpu_job_keeps_its_inputs_and_staging_buffers_until_its_result_is_coll
     gc.collect()
     assert seen[0]() is None and seen[1]() is not None  # the first job's inputs went with its result
     third = device.launch(compute, {"A": big * 5}, {})
-    assert len(cp.pinned) == 2  # staged into the first job's buffer, free again
+    # Staged into a free buffer: the first job's staging buffer, or the one its answer was downloaded
+    # into (a third buffer, back in the free list once that answer was dropped).
+    assert len(cp.pinned) == 3
     np.testing.assert_array_equal(second.result()["X"], big * 6)
     third.compute()
     np.testing.assert_array_equal(third.result()["X"], big * 10)
     with pytest.raises(RuntimeError, match="collected once"):
         third.result()
-    assert sorted(len(bufs) for bufs in device._staging._free.values()) == [2]  # both buffers free
+    assert len(cp.pinned) == 3 and cp.downloads == [True] * 3  # every answer came down into pinned memory
+    assert sorted(len(bufs) for bufs in device._staging._free.values()) == [3]  # all three buffers free
     # A result asked before compute() is refused, and the job's staging buffer goes back all the same.
     early = device.launch(compute, {"A": big}, {})
     with pytest.raises(RuntimeError, match="after compute"):
         early.result()
-    assert sorted(len(bufs) for bufs in device._staging._free.values()) == [2]
+    assert sorted(len(bufs) for bufs in device._staging._free.values()) == [3]
     # The merged path outside the worker (run_stacked) takes the same steps.
     stacked = device.run_stacked(compute, {"A": [big, big * 2]}, {})
     np.testing.assert_array_equal(stacked["X"], np.concatenate([big, big * 2]) * 2)
+    del stacked
+    gc.collect()
     assert device._staging.held_bytes == sum(size * len(bufs) for size, bufs in device._staging._free.items())
+
+
+def test_gpu_answers_come_down_into_pinned_buffers_that_return_when_the_answer_is_gone():
+    """result() copies a large output into a leased pinned buffer (a pageable copy was 2.4 GB/s for
+    512 MiB on the first H200), which goes back to the staging pool only once the answer and every
+    view of it are dropped (the response written); past the pinned cap, and for small outputs, the
+    copy goes to pageable memory: bounded, never refused."""
+    import gc
+
+    from service.device import GpuDevice, PinnedStaging
+
+    cp = _StreamingCupy()
+    device = object.__new__(GpuDevice)
+    device._cp, device.metrics, device._stage_children = cp, None, {}
+    device._staging = PinnedStaging(cp, 3 << 17)  # room for three 128 KiB buffers
+    device._streams = (cp.Stream(), cp.Stream(), cp.Stream())
+
+    def compute(tensors, options):
+        return {"X": cp.asarray(tensors["A"].data.T * 2)}  # a transposed (not C-ordered) output
+
+    small, big = np.ones((2, 4, 4)), np.arange(4 * 64 * 64, dtype=np.float64).reshape(4, 64, 64)
+    held = device.run(compute, {"A": big}, {})["X"]
+    np.testing.assert_array_equal(held, big.T * 2)
+    assert held.flags.c_contiguous and cp.downloads == [True]
+    assert any(np.shares_memory(held, np.frombuffer(b, np.uint8)) for b in cp.pinned)
+    view = held[1:]
+    del held
+    gc.collect()
+    assert device._staging.held_bytes == 2 << 17 and sum(map(len, device._staging._free.values())) == 1
+    # The cap: each job's upload takes the free staging buffer back; the second answer held at once takes
+    # the third buffer the cap allows, the third answer goes to pageable memory.
+    second = device.run(compute, {"A": big}, {})["X"]
+    third = device.run(compute, {"A": big}, {})["X"]
+    assert cp.downloads[1:] == [True, False] and device._staging.held_bytes == 3 << 17
+    np.testing.assert_array_equal(third, big.T * 2)
+    assert device.run(compute, {"A": small}, {})["X"].shape == (4, 4, 2) and cp.downloads[-1] is False
+    del view, second, third
+    gc.collect()
+    assert sum(map(len, device._staging._free.values())) == 3  # all back, none lost
