@@ -35,6 +35,13 @@ SOLVE_NRHS = (1, 2, 4, 16, 64)
 SOLVE_BATCH = (8, 512, 8192)
 MAX_ELEMENTS = 1 << 25
 DTYPES = ("float32", "float64", "complex64", "complex128")
+#: A cuSOLVER call per matrix is timed up to this batch: beyond, it is a Python loop that loses by
+#: orders of magnitude (0.78 s for 32768 4x4 matrices on an H200) and would spend the time budget.
+CUSOLVER_MAX_BATCH = 512
+#: Rectangular cases that decide RECT_FACTOR_MAX_BYTES: batches from this size. A single matrix is
+#: reported, not decisive: the dispatch never depends on the batch (a matrix's bits must not change
+#: with what it is factored with), and one matrix loses little time in absolute terms.
+RECT_DECISIVE_BATCH = 16
 
 
 @contextlib.contextmanager
@@ -52,13 +59,14 @@ def _tuned(**values: object) -> Iterator[None]:
             setattr(_tuning, k, v)
 
 
-def _factor_paths(n: int, dtype: str) -> dict[str, dict[str, object]]:
+def _factor_paths(n: int, dtype: str, batch: int) -> dict[str, dict[str, object]]:
     from lu_core._gpu._tuning import SHARED_BYTES, warp_bytes
 
     paths: dict[str, dict[str, object]] = {
         "getrfBatched": {"SMALL_FACTOR_MAX_N": 0, "getrf_batched_wins": lambda *a: True},
-        "cusolver": {"SMALL_FACTOR_MAX_N": 0, "getrf_batched_wins": lambda *a: False},
     }
+    if batch <= CUSOLVER_MAX_BATCH:
+        paths["cusolver"] = {"SMALL_FACTOR_MAX_N": 0, "getrf_batched_wins": lambda *a: False}
     if warp_bytes(n, n, dtype) <= SHARED_BYTES:  # our kernel takes any square matrix a warp can hold
         paths["own"] = {"SMALL_FACTOR_MAX_N": n}
     return paths
@@ -98,8 +106,10 @@ def _time_paths(paths: dict[str, dict[str, object]], fn: Callable[[], object], r
 def measure(
     quick: bool, progress: Callable[[str], None], seconds: float | None = None
 ) -> tuple[list[dict], list[dict]]:
-    """Factor and solve timings, dtype by dtype (float32, float64, then complex); ``seconds``: start no
-    case past this budget (it cuts the last dtypes' cases; the report lists what was measured)."""
+    """Factor and solve timings; ``seconds``: start no case past this budget (the report lists what was
+    measured). Most decisive first: the square factorization and the solve in float64 and float32, then
+    the rectangular batches, then the complex dtypes (on the first H200, 50 s went on the rectangular
+    cases and float32's factorization, and no solve was measured)."""
     import time
 
     import cupy as cp
@@ -115,10 +125,10 @@ def measure(
 
     rng = cp.random.default_rng(0)
     repeats = 3 if quick else 10
-    factor_rows, solve_rows = [], []
-    dtypes = DTYPES[:2] if quick else DTYPES
-    # Rectangular batches first (cuSOLVER's side is a call per matrix: few repeats).
-    for dtype in dtypes:
+    factor_rows: list[dict] = []
+    solve_rows: list[dict] = []
+
+    def rectangular(dtype: str) -> None:  # cuSOLVER's side is a call per matrix: few repeats
         for m, n in RECT_SHAPES[:2] if quick else RECT_SHAPES:
             for batch in RECT_BATCH:
                 if not more():
@@ -128,15 +138,19 @@ def measure(
                 kib = warp_bytes(m, n, cp.dtype(dtype)) // 1024
                 factor_rows.append({"dtype": dtype, "m": m, "n": n, "batch": batch, "KiB": kib, **times})
                 progress(f"factor {dtype} {m}x{n} batch={batch}: {times}")
-    for dtype in dtypes:
+
+    def square(dtype: str) -> None:
         for n in FACTOR_N[:6] if quick else FACTOR_N:
             for batch in FACTOR_BATCH[:3] if quick else FACTOR_BATCH:
                 if batch * n * n > MAX_ELEMENTS or not more():
                     continue
                 A = rng.standard_normal((batch, n, n)).astype(dtype) + n * cp.eye(n, dtype=dtype)
-                times = _time_paths(_factor_paths(n, dtype), lambda A=A: lu_core.lu_factor_ex(A), repeats)
+                times = _time_paths(_factor_paths(n, dtype, batch), lambda A=A: lu_core.lu_factor_ex(A), repeats)
                 factor_rows.append({"dtype": dtype, "n": n, "batch": batch, **times})
                 progress(f"factor {dtype} n={n} batch={batch}: {times}")
+        solves(dtype)
+
+    def solves(dtype: str) -> None:
         for n in SOLVE_N[:4] if quick else SOLVE_N:
             for batch in SOLVE_BATCH[:2] if quick else SOLVE_BATCH:
                 if batch * n * n > MAX_ELEMENTS or not more():
@@ -150,6 +164,14 @@ def measure(
                     )
                     solve_rows.append({"dtype": dtype, "n": n, "batch": batch, "nrhs": nrhs, **times})
                     progress(f"solve {dtype} n={n} batch={batch} nrhs={nrhs}: {times}")
+
+    real, complex_ = ("float64", "float32"), () if quick else ("complex64", "complex128")
+    for dtype in real:
+        square(dtype)
+    for dtype in (*real, *complex_):
+        rectangular(dtype)
+    for dtype in complex_:
+        square(dtype)
     return factor_rows, solve_rows
 
 
@@ -159,31 +181,37 @@ def _best(row: dict, keys: tuple[str, ...]) -> str:
 
 def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object]:
     """Table entries the measurements support (the largest n where a path still wins; for rectangular
-    matrices the largest size in shared memory up to which our kernel wins every case)."""
+    matrices the largest size in shared memory up to which our kernel wins every case of a batch of
+    ``RECT_DECISIVE_BATCH`` or more). An entry nothing measured is None ("not measured"), never 0."""
     rect: dict[int, list[dict]] = {}
     for r in factor_rows:
-        if "m" in r:
+        if "m" in r and r["batch"] >= RECT_DECISIVE_BATCH:
             rect.setdefault(r["KiB"], []).append(r)
-    factor_rows = [r for r in factor_rows if "m" not in r]
+    square = [r for r in factor_rows if "m" not in r]
     rect_kib = 0
     for kib in sorted(rect):  # up to the first size where our kernel loses a case (any dtype or batch)
         if any(_best(r, ("own", "cusolver")) != "own" for r in rect[kib]):
             break
         rect_kib = kib
-    own_factor = [r["n"] for r in factor_rows if "own" in r and _best(r, ("own", "getrfBatched", "cusolver")) == "own"]
+    own_factor = [r["n"] for r in square if "own" in r and _best(r, ("own", "getrfBatched", "cusolver")) == "own"]
     own_solve = [r["n"] for r in solve_rows if "own" in r and _best(r, ("own", "getrsBatched", "trsmBatched")) == "own"]
-    getrs = [r for r in solve_rows if r["n"] > 32 and _best(r, ("getrsBatched", "trsmBatched")) == "getrsBatched"]
+    library_solves = [r for r in solve_rows if r["n"] > 32]
+    getrs = [r for r in library_solves if _best(r, ("getrsBatched", "trsmBatched")) == "getrsBatched"]
     crossovers = {}
-    for r in factor_rows:
-        if r["n"] > 32 and _best(r, ("getrfBatched", "cusolver")) == "getrfBatched":
+    for r in square:
+        if r["n"] > 32 and "cusolver" in r and _best(r, ("getrfBatched", "cusolver")) == "getrfBatched":
             key = (r["dtype"], r["batch"])
             crossovers[key] = max(crossovers.get(key, 0), r["n"])
+
+    def measured(rows: list[dict], value: int) -> int | None:
+        return value if rows else None
+
     return {
-        "SMALL_FACTOR_MAX_N": max(own_factor, default=0),
-        "SMALL_SOLVE_MAX_N": max(own_solve, default=0),
-        "RECT_FACTOR_MAX_BYTES": rect_kib * 1024,
-        "GETRS_BATCHED_MAX_N": max((r["n"] for r in getrs), default=0),
-        "GETRS_BATCHED_MAX_NRHS": max((r["nrhs"] for r in getrs), default=0),
+        "SMALL_FACTOR_MAX_N": measured(square, max(own_factor, default=0)),
+        "SMALL_SOLVE_MAX_N": measured(solve_rows, max(own_solve, default=0)),
+        "RECT_FACTOR_MAX_BYTES": measured(list(rect), rect_kib * 1024),
+        "GETRS_BATCHED_MAX_N": measured(library_solves, max((r["n"] for r in getrs), default=0)),
+        "GETRS_BATCHED_MAX_NRHS": measured(library_solves, max((r["nrhs"] for r in getrs), default=0)),
         "getrfBatched largest winning n per (dtype, batch)": dict(sorted(crossovers.items())),
     }
 
@@ -206,7 +234,7 @@ def report(device: str, factor_rows: list[dict], solve_rows: list[dict], suggest
         "",
         "## Suggested lu_core/_gpu/_tuning.py entries",
         "",
-        *(f"- `{k}`: {v}" for k, v in suggested.items()),
+        *(f"- `{k}`: {'not measured (time budget)' if v is None else v}" for k, v in suggested.items()),
         "",
         "## lu_factor",
         "",

@@ -25,8 +25,9 @@ Peak device memory, relative to the input (``A`` or ``B``; ``LU`` for unpack):
   transposed trsm path adds one ``X``-sized buffer for the row permutation.
   A broadcast ``LU`` is never copied: problems point at it.
 
-GPU UNVERIFIED: compiled by NVRTC in CI exactly as at run time, but never run
-on a device yet; see the README's GPU section for what remains to run.
+Run on a device once (an H200, 2026-11-26: ``bench/results/2026-11-26-gpu-proof-h200``):
+the GPU tests passed but for one wrong assertion (since fixed, not rerun there); slower
+than PyTorch CUDA on most small cases (see the README's GPU section).
 """
 
 from __future__ import annotations

@@ -52,6 +52,12 @@ def test_suggestions_follow_the_fastest_path():
     assert calibrate_gpu.suggest(rect, [])["RECT_FACTOR_MAX_BYTES"] == 48 * 1024  # up to the first loss
     lost_at_48 = [*rect[:3], {**rect[3], "own": 3.0}]  # one case of the same size lost: not that size
     assert calibrate_gpu.suggest(lost_at_48, [])["RECT_FACTOR_MAX_BYTES"] == 16 * 1024
+    alone_slower = [*rect, {**rect[0], "batch": 1, "own": 5.0}]  # one matrix alone: reported, not decisive
+    assert calibrate_gpu.suggest(alone_slower, [])["RECT_FACTOR_MAX_BYTES"] == 48 * 1024
+    nothing = calibrate_gpu.suggest([], [])  # a budget that measured nothing suggests nothing, not 0
+    assert nothing["SMALL_FACTOR_MAX_N"] is None and nothing["SMALL_SOLVE_MAX_N"] is None
+    assert nothing["RECT_FACTOR_MAX_BYTES"] is None and nothing["GETRS_BATCHED_MAX_N"] is None
+    assert "not measured" in calibrate_gpu.report("Test GPU", [], [], nothing)
     s = calibrate_gpu.suggest(factor + rect, solve)
     assert s["SMALL_FACTOR_MAX_N"] == 16 and s["SMALL_SOLVE_MAX_N"] == 8
     assert s["GETRS_BATCHED_MAX_N"] == 64 and s["GETRS_BATCHED_MAX_NRHS"] == 2
@@ -66,3 +72,17 @@ def test_quick_calibration_on_a_device(tmp_path):
     assert calibrate_gpu.main(["--out", str(tmp_path), "--quick"]) == 0
     (report,) = tmp_path.glob("calibrate-gpu-*.md")
     assert "SMALL_FACTOR_MAX_N" in report.read_text()
+
+
+def test_the_first_h200_run_supports_the_rectangular_threshold():
+    """Rows of bench/results/2026-11-26-gpu-proof-h200/2-measure-calibration.md (float64, ms): our kernel
+    loses every single matrix to cuSOLVER and wins every batch of 16 and 512 up to 95 KiB."""
+    rows = [
+        {"dtype": "float64", "m": m, "n": n, "batch": b, "KiB": kib, "own": own, "cusolver": cus}
+        for m, n, kib, b, own, cus in [
+            (63, 32, 15, 1, 0.148, 0.118), (63, 32, 15, 16, 0.146, 1.002), (63, 32, 15, 512, 0.153, 29.421),
+            (127, 48, 47, 1, 0.360, 0.135), (127, 48, 47, 16, 0.359, 1.371), (127, 48, 47, 512, 0.399, 42.256),
+            (127, 96, 95, 1, 1.003, 0.201), (127, 96, 95, 16, 0.999, 2.486), (127, 96, 95, 512, 2.102, 77.612),
+        ]
+    ]  # fmt: skip
+    assert calibrate_gpu.suggest(rows, [])["RECT_FACTOR_MAX_BYTES"] == 95 * 1024

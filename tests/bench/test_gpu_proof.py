@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import textwrap
 import sys
+import textwrap
 
 import pytest
 
