@@ -21,7 +21,8 @@ hang or crash in one still leaves the others' results):
 ``oom``           device memory: a request over ``LU_GPU_MEMORY_BYTES`` is refused before
                   upload, an allocation failure during compute is a 503 and the next request works
 ``calibrate``     ``python -m bench.calibrate_gpu`` (fills ``lu_core/_gpu/_tuning.py``; its diff is kept)
-``core-bench``    ``python -m bench.core_gpu`` (lu_core against torch CUDA and cupyx)
+``core-bench``    ``python -m bench.profile_gpu`` (where a small call's time goes), then
+                  ``python -m bench.core_gpu`` (lu_core against torch CUDA and cupyx)
 ``batching``      ``python -m bench.batching --proof``: batching off and on at 64 and 256 clients
                   (issue 15's GPU goal: at least 3x the requests per second)
 ``service-bench`` ``python -m bench.service --only transport concurrency`` on the device
@@ -73,6 +74,8 @@ LIMITS = {
 }
 # Seconds a budgeted benchmark keeps for writing its report before its part's limit.
 REPORT_S = 25
+# Of the core-bench part: seconds for bench/profile_gpu.py before the grid.
+PROFILE_S = 20
 # Of the tests part: seconds for the few tests marked gpu outside tests/lu_core/_gpu (the service's).
 TESTS_ELSEWHERE_S = 50
 MAX_FILES = 8
@@ -263,18 +266,25 @@ def part_core_bench(p: Proof) -> Outcome:
     if gpu_problem() is not None:
         # Still run it: the suite must skip itself cleanly without a device.
         rc, _ = p.sh("core.md", [sys.executable, "-m", "bench", "--suite", "core-gpu", "--quick", "--out", ""], 240)
-        if rc != 0:
-            return Outcome("failed", f"exit {rc} without a device")
+        profile_rc, _ = p.sh("core.md", [sys.executable, "-m", "bench.profile_gpu", "--out", str(p.scratch)], 120)
+        if rc != 0 or profile_rc != 0:
+            return Outcome("failed", f"exit {rc} (grid), {profile_rc} (profile) without a device")
         return Outcome("skipped", "needs the device (the suite ran and skipped itself)")
     folder = p.scratch / "core"
+    # First where a small call's time goes (host work, waits, device work: bench/profile_gpu.py), then
+    # the grid against torch and cupyx in the time left.
+    t0 = time.perf_counter()
+    profile_rc, _ = p.sh("core.log", [sys.executable, "-m", "bench.profile_gpu", "--out", str(folder),
+                                      "--seconds", str(PROFILE_S)], PROFILE_S + REPORT_S)  # fmt: skip
+    left = p.limit("core-bench") - (time.perf_counter() - t0)
     argv = [sys.executable, "-m", "bench.core_gpu", "--out", str(folder)]
-    argv += ["--seconds", str(p.limit("core-bench") - REPORT_S)]
-    rc, _ = p.sh("core.log", [*argv, *(["--quick"] if p.quick else [])], p.limit("core-bench"))
-    reports = sorted(folder.glob("*.md")) if folder.exists() else []
+    argv += ["--seconds", str(max(1, int(left - REPORT_S)))]
+    rc, _ = p.sh("core.log", [*argv, *(["--quick"] if p.quick else [])], left)
+    reports = sorted(folder.glob("*.md"), key=lambda f: f.name.startswith("profile-")) if folder.exists() else []
     for f in reports:
         p.append("core.md", f.read_text())
-    if rc != 0:
-        return Outcome("failed", f"exit {rc}")
+    if rc != 0 or profile_rc != 0:
+        return Outcome("failed", f"exit {rc} (grid), {profile_rc} (profile)")
     return Outcome("ok", f"{len(reports)} report(s)") if reports else Outcome("failed", "no report written")
 
 

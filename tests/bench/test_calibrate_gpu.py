@@ -86,3 +86,22 @@ def test_the_first_h200_run_supports_the_rectangular_threshold():
         ]
     ]  # fmt: skip
     assert calibrate_gpu.suggest(rows, [])["RECT_FACTOR_MAX_BYTES"] == 95 * 1024
+
+
+@pytest.mark.skipif(core_gpu.available() is None, reason="a CUDA device is visible: the proof runs it there")
+def test_the_profile_without_a_device_says_so_and_succeeds(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "bench.profile_gpu", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0 and "no CUDA device" in done.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_the_profile_report_puts_ours_beside_torch():
+    from bench import profile_gpu
+
+    rows = [{"op": "lu_solve", "batch": 1, "n": 8, "dtype": "float64", "host us": 150.0, "device us": 190.25,
+             "torch host us": 20.0, "torch device us": 35.0},
+            {"op": "lu_factor", "batch": 1, "n": 8, "dtype": "float64", "host us": 60.0, "device us": 80.0}]  # fmt: skip
+    text = profile_gpu.report("Test GPU", rows, {"lu_solve 1x8 float64": "ncalls  tottime\n  200  0.010  get"})
+    assert "| lu_solve | 1 | 8 | float64 | 150.0 | 190.2 | 20.0 | 35.0 |" in text
+    assert "| lu_factor | 1 | 8 | float64 | 60.0 | 80.0 | – | – |" in text
+    assert "### lu_solve 1x8 float64" in text and "200  0.010  get" in text
