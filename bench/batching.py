@@ -176,8 +176,11 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None], proof: b
     rows: list[dict] = []
     delay_rows: list[dict] = []
     alone: list[dict] = []
-    servers = {"off": start_server(LU_MAX_BATCH="1"), "on": start_server()}
-    delayed = {} if proof else {d: start_server(LU_BATCH_DELAY_US=str(d)) for d in DELAYS}
+    # LU_GPU_HOST_MAX_N=0: on a GPU these small systems would otherwise be solved on the host (the default
+    # up to n = 32); this suite measures batching on the device. No effect on the CPU.
+    on_device = {"LU_GPU_HOST_MAX_N": "0"}
+    servers = {"off": start_server(LU_MAX_BATCH="1", **on_device), "on": start_server(**on_device)}
+    delayed = {} if proof else {d: start_server(LU_BATCH_DELAY_US=str(d), **on_device) for d in DELAYS}
     try:
         device = _device_slug(servers["on"][1])
         for r in range(1, rounds + 1) if device == "cpu" and not proof else ():

@@ -62,7 +62,14 @@ class Settings(BaseSettings):
     gpu_pinned_bytes: int = Field(
         1 << 30,
         ge=0,
-        description="Most pinned host memory kept for upload staging buffers (0: pageable copies only).",
+        description="Most pinned host memory kept for upload and download buffers (0: pageable copies only).",
+    )
+    gpu_host_max_n: int = Field(
+        32,
+        ge=0,
+        description="On a GPU, factorizations and solves of matrices up to this order (rows and columns) are "
+        "computed on the host CPU, where a request costs microseconds instead of a device round trip "
+        "(0: everything on the GPU).",
     )
     max_request_bytes: int = Field(
         256 * MiB,

@@ -74,6 +74,27 @@ T = TypeVar("T")
 _GPU_MERGEABLE = frozenset({"lu_factor", "lu", "lu_unpack", "lu_solve", "solve"})
 
 
+#: Stateless operations a GPU service may compute on the host for small matrices (LU_GPU_HOST_MAX_N).
+_HOST_OPERATIONS = frozenset({"lu_factor", "lu", "lu_unpack", "lu_solve", "solve", "det", "slogdet"})
+
+
+def host_sized(name: str, tensors: Mapping[str, Any], max_n: int) -> bool:
+    """Whether a GPU service computes this job on the host: a stateless operation whose matrices (``A``
+    or ``LU``, host arrays or parts of a merged batch) are at most ``max_n`` in both dimensions. Decided
+    from the matrix's order only, never its batch, so that a request's answer does not depend on what it
+    is merged with."""
+    if name not in _HOST_OPERATIONS or not max_n:
+        return False
+    matrix = tensors.get("A", tensors.get("LU"))
+    if isinstance(matrix, list):  # the parts of a merged batch: all of one shape but the first axis
+        matrix = matrix[0] if matrix else None
+    if not isinstance(matrix, np.ndarray) or matrix.ndim < 2:
+        return False
+    if not all(isinstance(t, np.ndarray | list) for t in tensors.values()):
+        return False  # an input already on the device (a stored factorization's)
+    return max(matrix.shape[-2:]) <= max_n
+
+
 def gpu_merges(name: str, tensors: Mapping[str, np.ndarray]) -> bool:
     """On a GPU, merged answers are bit-identical to the job's alone only where ``lu_core`` runs our own
     kernels, chosen from the matrix's size: above them cuBLAS ``getrfBatched`` or a cuSOLVER call per
@@ -364,9 +385,11 @@ class GpuDevice(Device):
 
     kind = "gpu"
     overlaps = True
+    host_max_n = 0  # LU_GPU_HOST_MAX_N: matrices up to this order are computed on the host
 
     def merges(self, name: str, tensors: Mapping[str, np.ndarray]) -> bool:
-        return gpu_merges(name, tensors)
+        # On the host (small matrices) the CPU's rule: always.
+        return host_sized(name, tensors, self.host_max_n) or gpu_merges(name, tensors)
 
     def __init__(
         self,
@@ -374,6 +397,7 @@ class GpuDevice(Device):
         *,
         memory_limit: int | None = None,
         pinned_limit: int | None = None,
+        host_max_n: int = 0,
         retry_after_s: int = 1,
     ) -> None:
         import cupy
@@ -390,6 +414,7 @@ class GpuDevice(Device):
         self._name = raw.decode() if isinstance(raw, bytes) else str(raw)
         self._memory = total
         self.pinned_limit = pinned_limit
+        self.host_max_n = host_max_n
         self._pool = cupy.get_default_memory_pool()
         self._pinned_pool = cupy.get_default_pinned_memory_pool()
         with cupy.cuda.Device(index):
@@ -423,6 +448,10 @@ class GpuDevice(Device):
         return job.result()
 
     def launch(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> Launched:
+        if host_sized(operation_name(compute), tensors, self.host_max_n):
+            # Small matrices: lu_core's CPU backend, on the worker thread, no device round trip.
+            joined = {k: np.concatenate(v) if isinstance(v, list) else v for k, v in tensors.items()}
+            return Launched(self._guarded(compute, super()._execute, compute, joined, options))
         return _GpuJob(self, compute, tensors, options)
 
     def launch_stacked(
@@ -723,6 +752,7 @@ def select_device(settings: Settings) -> Device:
             settings.gpu_id,
             memory_limit=settings.gpu_memory_bytes,
             pinned_limit=settings.gpu_pinned_bytes,
+            host_max_n=settings.gpu_host_max_n,
             retry_after_s=settings.retry_after_s,
         )
         log.info(

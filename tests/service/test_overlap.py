@@ -608,3 +608,55 @@ def test_gpu_answers_come_down_into_pinned_buffers_that_return_when_the_answer_i
     del view, second, third
     gc.collect()
     assert sum(map(len, device._staging._free.values())) == 3  # all back, none lost
+
+
+def test_host_sized_jobs_follow_the_matrix_order_only():
+    from service.device import host_sized
+
+    small, big = np.ones((1000, 8, 8)), np.ones((1, 33, 33))
+    assert host_sized("solve", {"A": small, "B": np.ones((1000, 8, 1))}, 32)
+    assert host_sized("lu_unpack", {"LU": np.ones((2, 32, 20)), "pivots": np.ones((2, 20), np.int32)}, 32)
+    assert host_sized("lu_factor", {"A": [small[:3], small[3:]]}, 32)  # the parts of a merged batch
+    assert not host_sized("solve", {"A": big, "B": np.ones((1, 33, 1))}, 32)
+    assert not host_sized("lu_factor", {"A": np.ones((2, 8, 40))}, 32)  # both dimensions count
+    assert not host_sized("solve", {"A": small, "B": small}, 0)  # 0: everything on the GPU
+    assert not host_sized("solve_refined", {"A": small, "B": small}, 32)  # not a stateless core operation
+    assert not host_sized("lu_solve", {"LU": object(), "pivots": np.ones((1, 8), np.int32)}, 32)  # on the device
+    assert not host_sized("lu_solve", {"LU": small, "pivots": object(), "B": small}, 32)
+
+
+def test_a_gpu_service_computes_small_matrices_on_the_host_and_large_ones_on_the_device():
+    """LU_GPU_HOST_MAX_N: an 8x8 solve never touches the device (no upload, no download: lu_core's CPU
+    backend on the worker thread); a 40x40 one goes up, computes and comes down; merged parts of small
+    matrices are joined on the host; and the merge rule follows (the CPU's: always, for small ones)."""
+    from service.device import GpuDevice, PinnedStaging, operation_name
+    from service.operations import OPERATIONS
+
+    cp = _StreamingCupy()
+    device = object.__new__(GpuDevice)
+    device._cp, device.metrics, device._stage_children = cp, None, {}
+    device._staging, device.host_max_n = PinnedStaging(cp, None), 32
+    device._streams = (cp.Stream(), cp.Stream(), cp.Stream())
+    solve = OPERATIONS["solve"].compute
+    assert operation_name(solve) == "solve"
+    rng = np.random.default_rng(4)
+    A = rng.standard_normal((3, 8, 8)) + 8 * np.eye(8)
+    B = rng.standard_normal((3, 8, 2))
+    X = device.run(solve, {"A": A, "B": B}, dict(OPERATIONS["solve"].options))["X"]
+    np.testing.assert_allclose(X, np.linalg.solve(A, B), rtol=1e-12)
+    assert isinstance(X, np.ndarray) and cp.copies == [] and cp.downloads == []  # never on the device
+    merged = device.launch_stacked(solve, {"A": [A[:1], A[1:]], "B": [B[:1], B[1:]]}, dict(OPERATIONS["solve"].options))
+    merged.compute()
+    np.testing.assert_array_equal(merged.result()["X"], X)
+    assert cp.copies == [] and device.merges("solve", {"A": A, "B": B})
+    big = rng.standard_normal((1, 40, 40))
+    calls: list[bool] = []
+
+    def on_device(tensors, options):  # a stand-in compute: records whether it got a host array
+        calls.append(isinstance(tensors["A"], np.ndarray))
+        return {"X": cp.asarray(np.asarray(tensors["A"].data))}
+
+    on_device.__name__ = "solve"
+    device.run(on_device, {"A": big}, {})
+    assert calls == [False] and cp.copies and cp.downloads == [False]  # up, computed, down (small: pageable)
+    assert not device.merges("solve", {"A": big, "B": big[..., :1]})
