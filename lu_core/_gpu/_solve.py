@@ -25,6 +25,7 @@ import numpy as np
 
 from lu_core._gpu import _launch, _libs, _sources, _tuning
 from lu_core._gpu._broadcast import block_offsets, element_strides
+from lu_core._gpu._constants import on_device
 from lu_core._gpu._libs import cublas, cusolver
 from lu_core._gpu._pivots import permutations
 
@@ -40,7 +41,7 @@ def _offsets(rhs: cp.ndarray, out_batch: tuple[int, ...]) -> tuple[cp.ndarray, c
         rhs = cp.ascontiguousarray(rhs)
         strides = element_strides(rhs.strides, rhs.dtype.itemsize)
     offsets = block_offsets(tuple(rhs.shape[:-2]), strides[:-2], out_batch)
-    return rhs, cp.asarray(offsets), strides[-2], strides[-1]
+    return rhs, on_device(offsets), strides[-2], strides[-1]
 
 
 def lu_solve(
@@ -77,7 +78,7 @@ def lu_solve(
     if path != "own":  # the libraries index with 32-bit integers; our kernels do not
         _libs.check_int32("LU", n, n)
         _libs.check_int32("B", n, nrhs)
-    index = cp.asarray(lu_index, dtype=cp.int64)
+    index = on_device(np.asarray(lu_index, dtype=np.int64))  # shared and read-only: never written
     trsm = path == "trsmBatched"
     perm = permutations(piv0, n) if trsm else None
     _gather(rhs, out_batch, w3, perm if op == _N else None, index, conj_io)

@@ -63,3 +63,56 @@ def test_rect_factor_max_bytes_zero_sends_every_rectangular_batch_to_the_library
     monkeypatch.setattr(_tuning, "SMALL_FACTOR_MAX_N", 32)
     assert not own_kernel(2, 3, np.dtype("f4")) and not own_kernel(33, 5, np.dtype("f8"), lambda: 1 << 20)
     assert own_kernel(32, 32, np.dtype("f8"))
+
+
+def test_small_index_arrays_are_uploaded_once_per_device_and_contents(monkeypatch):
+    """lu_core._gpu._constants: the solve's per-call index arrays (problem -> factorization, block offsets)
+    are uploaded once per (device, dtype, shape, contents), waited for once, then shared; large ones
+    are copied per call. CuPy's upload, device and stream are stand-ins here (no GPU); on a device the
+    parity tests run every solve through it."""
+    import cupy
+
+    from lu_core._gpu import _constants
+
+    uploads, waits, current = [], [], {"id": 0}
+
+    class Device:
+        def __init__(self, index=None):
+            self.index = index
+
+        @property
+        def id(self):
+            return current["id"]
+
+        def __enter__(self):
+            self.saved, current["id"] = current["id"], self.index
+            return self
+
+        def __exit__(self, *exc):
+            current["id"] = self.saved
+
+    class Stream:
+        def synchronize(self):
+            waits.append(current["id"])
+
+    def asarray(a):
+        uploads.append((current["id"], a.dtype.str, a.shape))
+        return object()
+
+    monkeypatch.setattr(cupy, "asarray", asarray)
+    monkeypatch.setattr(cupy.cuda, "Device", Device)
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", Stream)
+    _constants._kept.cache_clear()
+    index = np.arange(8, dtype=np.int64)
+    first = _constants.on_device(index)
+    assert _constants.on_device(index.copy()) is first and uploads == [(0, "<i8", (8,))] and waits == [0]
+    assert _constants.on_device(index.astype(np.int32)) is not first  # another dtype: another array
+    assert _constants.on_device(index.reshape(2, 4)) is not first  # another shape
+    assert _constants.on_device(index[::-1]) is not first  # other contents (a strided view is read as such)
+    current["id"] = 1
+    assert _constants.on_device(index) is not first and uploads[-1][0] == 1 and waits[-1] == 1  # another device
+    big = np.zeros(_constants.MAX_BYTES // 8 + 1, dtype=np.int64)
+    before = len(uploads)
+    _constants.on_device(big), _constants.on_device(big)
+    assert len(uploads) == before + 2 and len(waits) == 5  # copied per call, never waited for
+    _constants._kept.cache_clear()
