@@ -157,7 +157,10 @@ def end_to_end(p: Proof) -> Outcome:
     sys.path.insert(0, str(ROOT / "clients"))
     env = dict(p.env)
     env["PYTHONPATH"] = os.pathsep.join((str(ROOT / "clients"), env["PYTHONPATH"]))
-    server = Server(env, LU_WARMUP="true", LU_MAX_REQUEST_BYTES=str(1 << 30), LU_MAX_ELEMENTS=str(1 << 28))
+    # LU_GPU_HOST_MAX_N=0: every check computes on the device (the small requests below would otherwise be
+    # computed on the host, and the proof would not see the GPU service path, nor its merges).
+    server = Server(env, LU_WARMUP="true", LU_MAX_REQUEST_BYTES=str(1 << 30), LU_MAX_ELEMENTS=str(1 << 28),
+                    LU_GPU_HOST_MAX_N="0")  # fmt: skip
     checks = Checks(p, "service")
     rng = np.random.default_rng(20)
     deadline = time.monotonic() + p.limit("service")

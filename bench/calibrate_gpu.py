@@ -135,8 +135,9 @@ def measure(
                     continue
                 A = rng.standard_normal((batch, m, n)).astype(dtype)
                 times = _time_paths(_rect_paths(m, n, dtype), lambda A=A: lu_core.lu_factor_ex(A), 3)
-                kib = warp_bytes(m, n, cp.dtype(dtype)) // 1024
-                factor_rows.append({"dtype": dtype, "m": m, "n": n, "batch": batch, "KiB": kib, **times})
+                need = warp_bytes(m, n, cp.dtype(dtype))
+                row = {"dtype": dtype, "m": m, "n": n, "batch": batch, "KiB": need // 1024, "bytes": need}
+                factor_rows.append({**row, **times})
                 progress(f"factor {dtype} {m}x{n} batch={batch}: {times}")
 
     def square(dtype: str) -> None:
@@ -183,16 +184,16 @@ def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object
     """Table entries the measurements support (the largest n where a path still wins; for rectangular
     matrices the largest size in shared memory up to which our kernel wins every case of a batch of
     ``RECT_DECISIVE_BATCH`` or more). An entry nothing measured is None ("not measured"), never 0."""
-    rect: dict[int, list[dict]] = {}
+    rect: dict[int, list[dict]] = {}  # by the exact bytes of one matrix in shared memory
     for r in factor_rows:
         if "m" in r and r["batch"] >= RECT_DECISIVE_BATCH:
-            rect.setdefault(r["KiB"], []).append(r)
+            rect.setdefault(r.get("bytes", r["KiB"] * 1024), []).append(r)
     square = [r for r in factor_rows if "m" not in r]
-    rect_kib = 0
-    for kib in sorted(rect):  # up to the first size where our kernel loses a case (any dtype or batch)
-        if any(_best(r, ("own", "cusolver")) != "own" for r in rect[kib]):
+    rect_bytes = 0
+    for need in sorted(rect):  # up to the first size where our kernel loses a case (any dtype or batch)
+        if any(_best(r, ("own", "cusolver")) != "own" for r in rect[need]):
             break
-        rect_kib = kib
+        rect_bytes = need
     own_factor = [r["n"] for r in square if "own" in r and _best(r, ("own", "getrfBatched", "cusolver")) == "own"]
     own_solve = [r["n"] for r in solve_rows if "own" in r and _best(r, ("own", "getrsBatched", "trsmBatched")) == "own"]
     library_solves = [r for r in solve_rows if r["n"] > 32]
@@ -209,7 +210,7 @@ def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object
     return {
         "SMALL_FACTOR_MAX_N": measured(square, max(own_factor, default=0)),
         "SMALL_SOLVE_MAX_N": measured(solve_rows, max(own_solve, default=0)),
-        "RECT_FACTOR_MAX_BYTES": measured(list(rect), rect_kib * 1024),
+        "RECT_FACTOR_MAX_BYTES": measured(list(rect), rect_bytes),
         "GETRS_BATCHED_MAX_N": measured(library_solves, max((r["n"] for r in getrs), default=0)),
         "GETRS_BATCHED_MAX_NRHS": measured(library_solves, max((r["nrhs"] for r in getrs), default=0)),
         "getrfBatched largest winning n per (dtype, batch)": dict(sorted(crossovers.items())),

@@ -93,7 +93,11 @@ def _profile(fn: Callable[[], object]) -> str:
     return "\n".join(lines[start:])
 
 
-def measure(seconds: float | None, progress: Callable[[str], None]) -> tuple[list[dict], dict[str, str]]:
+def measure(
+    seconds: float | None, progress: Callable[[str], None], on_case: Callable[[list[dict], dict[str, str]], None]
+) -> tuple[list[dict], dict[str, str]]:
+    """Every case within ``seconds``; ``on_case`` gets the rows and profiles so far after each (the
+    report is rewritten each time, so a run stopped from outside keeps what it measured)."""
     try:
         import torch
 
@@ -115,6 +119,7 @@ def measure(seconds: float | None, progress: Callable[[str], None]) -> tuple[lis
         key = f"{op} {batch}x{n} {dtype}"
         profiles[key] = _profile(ours)
         progress(f"{key}: {row}")
+        on_case(rows, profiles)
     return rows, profiles
 
 
@@ -151,11 +156,14 @@ def main(argv: list[str] | None = None) -> int:
 
     raw = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
     device = raw.decode() if isinstance(raw, bytes) else str(raw)
-    rows, profiles = measure(args.seconds, lambda msg: print(msg, file=sys.stderr, flush=True))
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"profile-gpu-{device_slug(device)}.md"
-    path.write_text(report(device, rows, profiles))
+
+    def write(rows: list[dict], profiles: dict[str, str]) -> None:
+        path.write_text(report(device, rows, profiles))
+
+    measure(args.seconds, lambda msg: print(msg, file=sys.stderr, flush=True), write)
     print(f"report: {path}")
     return 0
 

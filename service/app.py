@@ -46,20 +46,37 @@ WARMUP_SHAPES = ((2, 4), (16384, 4), (2, 24), (1024, 24), (1, 64), (4, 64), (4, 
 
 
 def warm_up(device: Device) -> float:
-    """Run every operation per dtype and kernel path (JIT-compiles the CPU kernels, loads the GPU modules)."""
+    """Run every operation per dtype and kernel path (JIT-compiles the CPU kernels, loads the GPU modules).
+
+    On a GPU service the small shapes are computed on the host (``LU_GPU_HOST_MAX_N``): they run once
+    as routed (the CPU kernels) and once more on the device (our own kernels, which stored
+    factorizations, rectangular and refined requests still reach)."""
     start = time.perf_counter()
     rng = np.random.default_rng(0)
-    for dtype in WARMUP_DTYPES:
-        for batch, n in WARMUP_SHAPES:
-            A = (rng.standard_normal((batch, n, n)) + n * np.eye(n)).astype(dtype)
-            B = rng.standard_normal((batch, n, 1)).astype(dtype)
-            factored = device.run(OPERATIONS["lu_factor"].compute, {"A": A}, {"pivot": True})
-            lu, piv = factored["LU"], factored["pivots"]
-            unpack_opts = dict(OPERATIONS["lu_unpack"].options)
-            device.run(OPERATIONS["lu_unpack"].compute, {"LU": lu, "pivots": piv}, unpack_opts)
-            solve_opts = dict(OPERATIONS["lu_solve"].options)
-            device.run(OPERATIONS["lu_solve"].compute, {"LU": lu, "pivots": piv, "B": B}, solve_opts)
-            device.run(OPERATIONS["solve"].compute, {"A": A, "B": B}, dict(OPERATIONS["solve"].options))
+
+    def shapes(max_n: int | None = None) -> None:
+        for dtype in WARMUP_DTYPES:
+            for batch, n in WARMUP_SHAPES:
+                if max_n is not None and n > max_n:
+                    continue
+                A = (rng.standard_normal((batch, n, n)) + n * np.eye(n)).astype(dtype)
+                B = rng.standard_normal((batch, n, 1)).astype(dtype)
+                factored = device.run(OPERATIONS["lu_factor"].compute, {"A": A}, {"pivot": True})
+                lu, piv = factored["LU"], factored["pivots"]
+                unpack_opts = dict(OPERATIONS["lu_unpack"].options)
+                device.run(OPERATIONS["lu_unpack"].compute, {"LU": lu, "pivots": piv}, unpack_opts)
+                solve_opts = dict(OPERATIONS["lu_solve"].options)
+                device.run(OPERATIONS["lu_solve"].compute, {"LU": lu, "pivots": piv, "B": B}, solve_opts)
+                device.run(OPERATIONS["solve"].compute, {"A": A, "B": B}, dict(OPERATIONS["solve"].options))
+
+    shapes()
+    host_max_n = getattr(device, "host_max_n", 0)
+    if host_max_n:
+        device.host_max_n = 0  # type: ignore[attr-defined]  # the worker runs nothing else meanwhile
+        try:
+            shapes(host_max_n)
+        finally:
+            device.host_max_n = host_max_n  # type: ignore[attr-defined]
     return time.perf_counter() - start
 
 

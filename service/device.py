@@ -26,6 +26,7 @@ the GPU.
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import importlib.metadata
 import logging
@@ -77,22 +78,29 @@ _GPU_MERGEABLE = frozenset({"lu_factor", "lu", "lu_unpack", "lu_solve", "solve"}
 #: Stateless operations a GPU service may compute on the host for small matrices (LU_GPU_HOST_MAX_N).
 _HOST_OPERATIONS = frozenset({"lu_factor", "lu", "lu_unpack", "lu_solve", "solve", "det", "slogdet"})
 
+#: A request of more work than this (matrices x m x n x min(m, n)) goes to the device even when its
+#: matrices are small: 8192 matrices of 8 x 8, 128 of 32 x 32. A guess (a host factorization of that
+#: size takes about a device round trip, ~1 ms); to be measured on a device.
+HOST_MAX_WORK = 1 << 22
+
 
 def host_sized(name: str, tensors: Mapping[str, Any], max_n: int) -> bool:
-    """Whether a GPU service computes this job on the host: a stateless operation whose matrices (``A``
-    or ``LU``, host arrays or parts of a merged batch) are at most ``max_n`` in both dimensions. Decided
-    from the matrix's order only, never its batch, so that a request's answer does not depend on what it
-    is merged with."""
+    """Whether a GPU service computes this job on the host: a stateless operation on host arrays whose
+    matrices (``A`` or ``LU``) are at most ``max_n`` in both dimensions and whose work is at most
+    ``HOST_MAX_WORK``. ``tensors`` may hold the parts of a merged call (lists): the batcher merges only
+    jobs of equal shapes (``service.batcher.signature``), so the first part is one request's and the
+    merged call goes where each of its requests alone would, and answers what they alone would."""
     if name not in _HOST_OPERATIONS or not max_n:
         return False
     matrix = tensors.get("A", tensors.get("LU"))
-    if isinstance(matrix, list):  # the parts of a merged batch: all of one shape but the first axis
+    if isinstance(matrix, list):  # the parts of a merged call, one per request
         matrix = matrix[0] if matrix else None
     if not isinstance(matrix, np.ndarray) or matrix.ndim < 2:
         return False
     if not all(isinstance(t, np.ndarray | list) for t in tensors.values()):
         return False  # an input already on the device (a stored factorization's)
-    return max(matrix.shape[-2:]) <= max_n
+    m, n = matrix.shape[-2:]
+    return max(m, n) <= max_n and math.prod(matrix.shape[:-2]) * m * n * min(m, n) <= HOST_MAX_WORK
 
 
 def gpu_merges(name: str, tensors: Mapping[str, np.ndarray]) -> bool:
@@ -449,9 +457,7 @@ class GpuDevice(Device):
 
     def launch(self, compute: Compute, tensors: Mapping[str, np.ndarray], options: Mapping[str, bool]) -> Launched:
         if host_sized(operation_name(compute), tensors, self.host_max_n):
-            # Small matrices: lu_core's CPU backend, on the worker thread, no device round trip.
-            joined = {k: np.concatenate(v) if isinstance(v, list) else v for k, v in tensors.items()}
-            return Launched(self._guarded(compute, super()._execute, compute, joined, options))
+            return _HostJob(self, compute, tensors, options)
         return _GpuJob(self, compute, tensors, options)
 
     def launch_stacked(
@@ -507,6 +513,8 @@ class GpuDevice(Device):
 
     def is_out_of_memory(self, exc: BaseException) -> bool:
         cp = self._cp
+        if isinstance(exc, ServiceError):
+            return False  # already answered (a 503 device_out_of_memory says "out of memory" too)
         if isinstance(exc, MemoryError | cp.cuda.memory.OutOfMemoryError):
             return True
         # cuSOLVER/cuBLAS report a failed workspace allocation as their own status.
@@ -531,6 +539,27 @@ class GpuDevice(Device):
             "cupy": self._cp.__version__,
             "cuda_runtime": f"{runtime // 1000}.{runtime % 1000 // 10}",
         }
+
+
+class _HostJob(Launched):
+    """A small job a GPU service computes on the host (``LU_GPU_HOST_MAX_N``): ``lu_core``'s CPU backend
+    in :meth:`compute`, on the worker thread, nothing uploaded or downloaded; timed as the ``host`` stage.
+    Like a GPU job's steps, no step turns an allocation failure into a 503 (the worker does)."""
+
+    __slots__ = ("_compute", "_device", "_options", "_tensors")
+
+    def __init__(
+        self, device: GpuDevice, compute: Compute, tensors: Mapping[str, Any], options: Mapping[str, bool]
+    ) -> None:
+        super().__init__({})
+        self._device, self._compute, self._options = device, compute, options
+        # The parts of a merged call (lists) joined here: one host copy, as the CPU device's run_stacked.
+        self._tensors = {k: np.concatenate(v) if isinstance(v, list) else v for k, v in tensors.items()}
+
+    def compute(self) -> None:
+        start = time.perf_counter()
+        self._answer = self._compute(self._tensors, self._options)
+        self._device._observe(self._compute, {"host": time.perf_counter() - start})
 
 
 class _GpuJob(Launched):
@@ -635,9 +664,15 @@ class PinnedStaging:
     Buffers come from CuPy's pinned memory pool in power-of-two sizes and go back to
     a free list: an upload's after its job (:meth:`release`), a download's (:meth:`lease`)
     when the answer that reads it is gone, so a steady stream of similar requests
-    allocates no pinned memory at all. Past ``limit`` bytes held, :meth:`take` answers
-    None and the caller copies from or to pageable memory instead (slower, never refused).
-    Thread-safe: a leased buffer comes back on whichever thread drops the answer.
+    allocates no pinned memory at all. Past ``limit`` bytes held, the idle buffers are
+    dropped and handed back to the device driver (CuPy's pinned pool would otherwise keep
+    them pinned); if that is not room enough, :meth:`take` answers None and the caller
+    copies from or to pageable memory instead (slower, never refused).
+
+    Thread-safe. A leased buffer comes back on whichever thread drops the answer, possibly
+    inside a garbage collection that an allocation under ``_lock`` started on the very
+    thread that holds it: its finalizer only appends to ``_returned`` (a deque: atomic, no
+    lock), which :meth:`take` and :meth:`clear` drain under the lock.
     """
 
     MIN_BYTES = 1 << 16  # below this a pageable copy costs no more
@@ -647,6 +682,7 @@ class PinnedStaging:
         self.limit = limit
         self.held_bytes = 0
         self._free: dict[int, list[Any]] = {}
+        self._returned: collections.deque[tuple[int, Any]] = collections.deque()
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> tuple[int, Any] | None:
@@ -655,6 +691,7 @@ class PinnedStaging:
             return None
         size = 1 << (nbytes - 1).bit_length()
         with self._lock:
+            self._drain()
             free = self._free.get(size)
             if free:
                 return free.pop()
@@ -681,7 +718,7 @@ class PinnedStaging:
         raw = np.frombuffer(memoryview(taken[1]), dtype=np.uint8, count=nbytes)
         # raw.base (a memoryview NumPy made, not the one passed) is what raw and every view of it keep
         # alive, and nothing else holds: it dies with the last view of the answer.
-        weakref.finalize(raw.base, self.release, [taken])
+        weakref.finalize(raw.base, self._returned.append, taken)
         return raw.view(dtype).reshape(shape)
 
     def stage(self, a: np.ndarray | list[np.ndarray], staged: list[Any]) -> np.ndarray | None:
@@ -715,15 +752,33 @@ class PinnedStaging:
                 self._free.setdefault(item[0], []).append(item)
         taken.clear()
 
+    def idle(self) -> int:
+        """How many buffers wait in the free list (answers already dropped counted)."""
+        with self._lock:
+            self._drain()
+            return sum(map(len, self._free.values()))
+
     def clear(self) -> None:
-        """Drop the idle buffers (CuPy's pinned pool keeps them until freed there)."""
+        """Drop the idle buffers and hand them back to the driver."""
         with self._lock:
             self._clear()
 
+    def _drain(self) -> None:
+        """Leased buffers whose answers are gone back to the free list (under ``_lock``)."""
+        while self._returned:
+            item = self._returned.popleft()
+            self._free.setdefault(item[0], []).append(item)
+
     def _clear(self) -> None:
+        self._drain()
+        dropped = 0
         for bufs in self._free.values():
-            self.held_bytes -= sum(size for size, _ in bufs)
+            dropped += sum(size for size, _ in bufs)
         self._free.clear()
+        self.held_bytes -= dropped
+        pool = getattr(self._cp, "get_default_pinned_memory_pool", None)
+        if dropped and pool is not None:
+            pool().free_all_blocks()  # CuPy's pool keeps freed pinned blocks until told
 
 
 def gpu_problem(index: int) -> str | None:

@@ -95,7 +95,9 @@ class Metrics:
             registry=r,
         )  # fmt: skip
         self.device_seconds = Histogram(
-            "lu_device_seconds", "Device time of a job by stage (upload, compute, download; CUDA events on a GPU).",
+            "lu_device_seconds",
+            "Device time of a job by stage (upload, compute, download: CUDA events on a GPU; host: a small "
+            "job a GPU service computed on the host; compute on the CPU).",
             ["operation", "stage", "device"], buckets=_LATENCY, registry=r,
         )  # fmt: skip
         self.bytes_in = Counter("lu_request_bytes", "Request body bytes received.", ["endpoint"], registry=r)

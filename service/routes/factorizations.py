@@ -255,7 +255,9 @@ async def put_factorization(request: Request, name: str) -> Response:
             name=name,
             LU=LU,
             pivots=pivots,
-            info=np.asarray(out["info"], dtype=np.int32),
+            # A copy: on a GPU a large answer comes down into a leased pinned buffer (service.device
+            # PinnedStaging.lease), which an entry would otherwise hold for its whole life.
+            info=np.array(out["info"], dtype=np.int32, copy=True),
             pivot=decoded.options.get("pivot", True),
             shape=tuple(int(d) for d in LU.shape),
             dtype=str(LU.dtype),

@@ -78,14 +78,15 @@ def test_the_first_h200_run_supports_the_rectangular_threshold():
     """Rows of bench/results/2026-11-26-gpu-proof-h200/2-measure-calibration.md (float64, ms): our kernel
     loses every single matrix to cuSOLVER and wins every batch of 16 and 512 up to 95 KiB."""
     rows = [
-        {"dtype": "float64", "m": m, "n": n, "batch": b, "KiB": kib, "own": own, "cusolver": cus}
+        {"dtype": "float64", "m": m, "n": n, "batch": b, "KiB": kib, "bytes": m * n * 8, "own": own, "cusolver": cus}
         for m, n, kib, b, own, cus in [
             (63, 32, 15, 1, 0.148, 0.118), (63, 32, 15, 16, 0.146, 1.002), (63, 32, 15, 512, 0.153, 29.421),
             (127, 48, 47, 1, 0.360, 0.135), (127, 48, 47, 16, 0.359, 1.371), (127, 48, 47, 512, 0.399, 42.256),
             (127, 96, 95, 1, 1.003, 0.201), (127, 96, 95, 16, 0.999, 2.486), (127, 96, 95, 512, 2.102, 77.612),
         ]
     ]  # fmt: skip
-    assert calibrate_gpu.suggest(rows, [])["RECT_FACTOR_MAX_BYTES"] == 95 * 1024
+    # The exact size of the largest case won (127 x 96 x 8 bytes), not its KiB rounded down (it would lose it).
+    assert calibrate_gpu.suggest(rows, [])["RECT_FACTOR_MAX_BYTES"] == 127 * 96 * 8
 
 
 @pytest.mark.skipif(core_gpu.available() is None, reason="a CUDA device is visible: the proof runs it there")

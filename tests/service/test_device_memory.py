@@ -341,3 +341,41 @@ async def test_a_request_using_a_stored_factorization_does_not_count_it_twice(ma
     body, headers = binary_request({"A": stored, "B": B})
     r = await client.post("/solve", content=body, headers=headers)
     assert r.status_code == 503 and "hold stored factorizations" in r.json()["error"], r.text
+
+
+def test_a_leased_buffer_returns_without_the_lock_even_inside_a_collection_under_it():
+    """The lease's finalizer may run inside a garbage collection that an allocation made while the same
+    thread held the staging lock (a threading.Lock: not re-entrant): it must not take the lock. Here the
+    answer is dropped by another thread while this one holds the lock: it returns at once, and the buffer
+    is back in the free list after the lock is free again."""
+    import threading
+
+    staging = PinnedStaging(HostAllocator(), limit=1 << 20)
+    answer = [staging.lease((100_000,), np.uint8)]
+    assert answer[0] is not None and staging.idle() == 0
+    with staging._lock:
+        dropper = threading.Thread(target=answer.clear)
+        dropper.start()
+        dropper.join(5)
+        assert not dropper.is_alive(), "the finalizer waited for the staging lock"
+    assert staging.idle() == 1 and staging.held_bytes == 1 << 17
+
+
+def test_pinned_staging_accounting_survives_failures_and_clears():
+    host = HostAllocator()
+    staging = PinnedStaging(host, limit=1 << 20)
+    broken = HostAllocator()
+    broken.cuda.alloc_pinned_memory = staticmethod(lambda size: (_ for _ in ()).throw(MemoryError("pinned")))
+    failing = PinnedStaging(broken, limit=1 << 20)
+    with pytest.raises(MemoryError):
+        failing.take(300_000)
+    assert failing.held_bytes == 0  # counted before the allocation, given back when it failed
+    leased = staging.lease((300_000,), np.uint8)
+    staging.clear()  # a leased buffer is not idle: still counted
+    assert staging.held_bytes == 1 << 19 and staging.idle() == 0
+    del leased
+    assert staging.idle() == 1
+    freed = []
+    host.get_default_pinned_memory_pool = lambda: type("Pool", (), {"free_all_blocks": lambda self: freed.append(1)})()
+    assert staging.take(600_000) is not None  # needs the room of the idle buffer: dropped, and the pool told
+    assert freed == [1] and staging.held_bytes == 1 << 20

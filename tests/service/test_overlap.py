@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import threading
+import weakref
 
 import numpy as np
 import pytest
@@ -473,12 +474,17 @@ class _StreamingCupy(_FakeCupy):
             def synchronize(self) -> None:
                 pass
 
+        fake = self
+
         class Event:
             def record(self, stream=None) -> None:
                 pass
 
-            def synchronize(self) -> None:
-                pass
+            def synchronize(self) -> None:  # the queued downloads happen now: their sources must be alive
+                for source, mem, size in fake.pending:
+                    assert source() is not None, "a download's device source was freed before it completed"
+                    ctypes.memmove(mem.value, source().data.host.ctypes.data, size)
+                fake.pending.clear()
 
         class OutOfMemoryError(MemoryError):
             pass
@@ -489,11 +495,11 @@ class _StreamingCupy(_FakeCupy):
         self.cuda.memory = type("memory", (), {"OutOfMemoryError": OutOfMemoryError})
         self.asnumpy = lambda a, stream=None: np.array(a.data)
         self.downloads: list[bool] = []  # per download: into pinned memory (copy_to_host_async) or not
-        fake = self
+        self.pending: list = []  # queued downloads: (weakref to the device source, pointer, size)
 
         class DevicePointer:  # MemoryPointer's copy out, for a C-contiguous stand-in array
-            def __init__(self, host) -> None:
-                self.host = host
+            def __init__(self, host, owner) -> None:
+                self.host, self.owner = host, owner
 
             def copy_to_host_async(self, mem, size, stream=None) -> None:
                 assert size == self.host.nbytes and any(
@@ -501,11 +507,11 @@ class _StreamingCupy(_FakeCupy):
                         ctypes.c_char.from_buffer(b)) + len(b) for b in fake.pinned
                 ), "copy_to_host_async needs pinned memory"  # fmt: skip
                 fake.downloads.append(True)
-                ctypes.memmove(mem.value, self.host.ctypes.data, size)
+                fake.pending.append((self.owner, mem, size))  # done at the next Event.synchronize
 
         def ascontiguousarray(a):
             out = self.ndarray(a.shape, a.dtype)
-            out.data = DevicePointer(np.ascontiguousarray(a.data))
+            out.data = DevicePointer(np.ascontiguousarray(a.data), weakref.ref(out))
             return out
 
         def asnumpy(a, stream=None):
@@ -557,17 +563,18 @@ def test_a_gpu_job_keeps_its_inputs_and_staging_buffers_until_its_result_is_coll
     with pytest.raises(RuntimeError, match="collected once"):
         third.result()
     assert len(cp.pinned) == 3 and cp.downloads == [True] * 3  # every answer came down into pinned memory
-    assert sorted(len(bufs) for bufs in device._staging._free.values()) == [3]  # all three buffers free
+    assert device._staging.idle() == 3  # all three buffers free
     # A result asked before compute() is refused, and the job's staging buffer goes back all the same.
     early = device.launch(compute, {"A": big}, {})
     with pytest.raises(RuntimeError, match="after compute"):
         early.result()
-    assert sorted(len(bufs) for bufs in device._staging._free.values()) == [3]
+    assert device._staging.idle() == 3
     # The merged path outside the worker (run_stacked) takes the same steps.
     stacked = device.run_stacked(compute, {"A": [big, big * 2]}, {})
     np.testing.assert_array_equal(stacked["X"], np.concatenate([big, big * 2]) * 2)
     del stacked
     gc.collect()
+    assert device._staging.idle() == 5  # the merged call's staging and download buffers (larger) as well
     assert device._staging.held_bytes == sum(size * len(bufs) for size, bufs in device._staging._free.items())
 
 
@@ -597,7 +604,7 @@ def test_gpu_answers_come_down_into_pinned_buffers_that_return_when_the_answer_i
     view = held[1:]
     del held
     gc.collect()
-    assert device._staging.held_bytes == 2 << 17 and sum(map(len, device._staging._free.values())) == 1
+    assert device._staging.held_bytes == 2 << 17 and device._staging.idle() == 1
     # The cap: each job's upload takes the free staging buffer back; the second answer held at once takes
     # the third buffer the cap allows, the third answer goes to pageable memory.
     second = device.run(compute, {"A": big}, {})["X"]
@@ -607,17 +614,20 @@ def test_gpu_answers_come_down_into_pinned_buffers_that_return_when_the_answer_i
     assert device.run(compute, {"A": small}, {})["X"].shape == (4, 4, 2) and cp.downloads[-1] is False
     del view, second, third
     gc.collect()
-    assert sum(map(len, device._staging._free.values())) == 3  # all back, none lost
+    assert device._staging.idle() == 3  # all back, none lost
 
 
 def test_host_sized_jobs_follow_the_matrix_order_only():
-    from service.device import host_sized
+    from service.device import HOST_MAX_WORK, host_sized
 
     small, big = np.ones((1000, 8, 8)), np.ones((1, 33, 33))
     assert host_sized("solve", {"A": small, "B": np.ones((1000, 8, 1))}, 32)
     assert host_sized("lu_unpack", {"LU": np.ones((2, 32, 20)), "pivots": np.ones((2, 20), np.int32)}, 32)
     assert host_sized("lu_factor", {"A": [small[:3], small[3:]]}, 32)  # the parts of a merged batch
     assert not host_sized("solve", {"A": big, "B": np.ones((1, 33, 1))}, 32)
+    many = np.ones((HOST_MAX_WORK // 512 + 1, 8, 8))  # small matrices, but more work than a round trip
+    assert not host_sized("lu_factor", {"A": many}, 32) and not host_sized("lu_factor", {"A": [many, many]}, 32)
+    assert host_sized("lu_factor", {"A": many[:-1]}, 32)
     assert not host_sized("lu_factor", {"A": np.ones((2, 8, 40))}, 32)  # both dimensions count
     assert not host_sized("solve", {"A": small, "B": small}, 0)  # 0: everything on the GPU
     assert not host_sized("solve_refined", {"A": small, "B": small}, 32)  # not a stateless core operation

@@ -268,3 +268,28 @@ def test_the_warm_up_reaches_every_gpu_routine(dtype):
     solve = {_tuning.solve_path(n, batch, 1) for batch, n in app_module.WARMUP_SHAPES}
     assert factor == {"own", "getrfBatched", "getrf"}
     assert solve == {"own", "getrs", "getrsBatched", "trsmBatched"}
+
+
+def test_on_a_gpu_the_warm_up_runs_small_shapes_on_the_host_and_on_the_device():
+    """A GPU service computes small matrices on the host (LU_GPU_HOST_MAX_N), but stored factorizations,
+    rectangular and refined requests still reach our own kernels: the warm-up runs the small shapes both
+    ways, and leaves the setting as it was."""
+    from service.device import host_sized, operation_name
+
+    class Recording:
+        host_max_n = 32
+
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, bool]] = []
+
+        def run(self, compute, tensors, options):
+            matrix = tensors.get("A", tensors.get("LU"))
+            self.seen.append((matrix.shape[-1], host_sized(operation_name(compute), tensors, self.host_max_n)))
+            return app_module.OPERATIONS[operation_name(compute)].compute(tensors, options)
+
+    device = Recording()
+    app_module.warm_up(device)
+    small = {n for _, n in app_module.WARMUP_SHAPES if n <= 32}
+    assert {n for n, on_host in device.seen if on_host} == small
+    assert {n for n, on_host in device.seen if not on_host} == {n for _, n in app_module.WARMUP_SHAPES}
+    assert device.host_max_n == 32
