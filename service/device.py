@@ -27,6 +27,7 @@ the GPU.
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import importlib.metadata
 import logging
@@ -487,10 +488,46 @@ class GpuDevice(Device):
 
         return self._guarded(compute, whole)
 
+    def pin_host(self, buffer: np.ndarray) -> Callable[[], None] | None:
+        """Page-lock ``buffer`` (a pooled receive buffer, ``service.bodies.BodyPool``), so that inputs
+        decoded from it go up with no staging copy; returns its unpinning, or None where CUDA refused
+        (the uploads then stage as before)."""
+        cp, ptr, size = self._cp, buffer.ctypes.data, buffer.nbytes
+        try:
+            with cp.cuda.Device(self.index):
+                cp.cuda.runtime.hostRegister(ptr, size, 1)  # cudaHostRegisterPortable
+        except Exception as exc:
+            log.warning("could not pin a %d-byte receive buffer (%s); its uploads are staged", size, exc)
+            return None
+
+        def unpin() -> None:
+            with contextlib.suppress(Exception):
+                cp.cuda.runtime.hostUnregister(ptr)
+
+        return unpin
+
+    def _is_pinned(self, a: np.ndarray) -> bool:
+        try:
+            runtime = self._cp.cuda.runtime
+            return bool(runtime.pointerGetMemoryType(a.ctypes.data) == runtime.cudaMemoryTypeHost)
+        except Exception:  # no answer: stage, as for pageable memory
+            return False
+
     def _upload(self, a: Any, stream: Any, staged: list[Any]) -> Any:
         cp = self._cp
         if isinstance(a, cp.ndarray):  # already on the device (a stored factorization's LU and pivots)
             return a
+        if (
+            isinstance(a, np.ndarray)
+            and a.nbytes >= PinnedStaging.MIN_BYTES
+            and a.flags.c_contiguous
+            and self._is_pinned(a)
+        ):
+            # Decoded from a pinned receive buffer: up from where it arrived, asynchronously. The body stays
+            # untouched and alive until the job ends (its lease is the job's).
+            dev = cp.empty(a.shape, a.dtype)
+            dev.set(a, stream=stream)
+            return dev
         host = self._staging.stage(a, staged)
         if host is None:  # small, or over the pinned cap: a plain, synchronous copy
             return cp.asarray(np.concatenate(a) if isinstance(a, list) else a)

@@ -670,3 +670,36 @@ def test_a_gpu_service_computes_small_matrices_on_the_host_and_large_ones_on_the
     device.run(on_device, {"A": big}, {})
     assert calls == [False] and cp.copies and cp.downloads == [False]  # up, computed, down (small: pageable)
     assert not device.merges("solve", {"A": big, "B": big[..., :1]})
+
+
+def test_an_input_decoded_from_a_pinned_receive_buffer_goes_up_without_staging():
+    """GpuDevice._upload: a large C-contiguous input whose memory CUDA reports pinned (a pooled receive
+    buffer, pinned by GpuDevice.pin_host) is copied to the device straight from where it lies; others
+    (pageable, or not contiguous) through a staging buffer as before."""
+    from service.device import GpuDevice, PinnedStaging
+
+    cp = _StreamingCupy()
+    body = np.zeros(1 << 20, dtype=np.uint8)  # stands for a pinned receive buffer
+    start, end = body.ctypes.data, body.ctypes.data + body.nbytes
+    cp.cuda.runtime = type(
+        "runtime", (), {"cudaMemoryTypeHost": 1, "pointerGetMemoryType": staticmethod(lambda p: int(start <= p < end))}
+    )
+    sent = []
+    plain_set = cp.ndarray.set
+
+    def set_(self, host, stream=None):
+        sent.append(host)
+        plain_set(self, host, stream)
+
+    cp.ndarray.set = set_
+    device = object.__new__(GpuDevice)
+    device._cp, device._staging = cp, PinnedStaging(cp, None)
+    a = np.frombuffer(body, dtype=np.float64, count=64 * 64 * 8).reshape(8, 64, 64)  # decoded in place
+    staged: list = []
+    device._upload(a, None, staged)
+    assert sent[-1] is a and staged == [] and cp.pinned == []  # no staging buffer, no copy on the host
+    elsewhere = np.ones((8, 64, 64))
+    device._upload(elsewhere, None, staged)
+    assert sent[-1] is not elsewhere and len(staged) == 1 and len(cp.pinned) == 1  # staged, as before
+    device._upload(a[:, ::2], None, staged)  # pinned but strided: staged
+    assert len(staged) == 2
