@@ -210,8 +210,7 @@ def create_app(settings: Settings | None = None) -> ServiceApp:
     app.state.ready = ready
     app.state.budget = budget
     # Request bodies are received into buffers reused across requests (service.bodies, transport.read_body).
-    # On a GPU the pooled receive buffers are pinned: big inputs go up from the body they arrived in.
-    app.state.bodies = BodyPool(settings.body_pool_bytes, budget, pin=getattr(device, "pin_host", None))
+    app.state.bodies = BodyPool(settings.body_pool_bytes, budget)
     metrics.watch_body_pool(app.state.bodies)
     install_handlers(app)
     app.include_router(health.router)

@@ -24,12 +24,6 @@ a small request never pins a 256 MiB buffer, and a buffer is at most 25% larger
 than the body it holds. Bodies under 64 KiB are not pooled (``malloc`` serves them
 from its heap without page faults).
 
-Pinned on a GPU. A GPU service passes ``pin`` (``GpuDevice.pin_host``): each pooled buffer
-is page-locked (``cudaHostRegister``) once, when it is made, and unlocked just before it is
-freed, so a big input goes up to the device straight from the body it arrived in, with no
-copy into a staging buffer first (``GpuDevice._upload``). Unpooled buffers are not pinned:
-pinning costs more than one copy.
-
 Memory. The pool keeps at most ``LU_BODY_POOL_BYTES`` idle, and every byte it keeps
 is reserved against ``LU_MAX_INFLIGHT_BYTES`` (``service.budget``): an idle buffer's
 whole capacity, and for a lent one the slack between its capacity and the body
@@ -42,9 +36,7 @@ kept idle only when the budget has room for it, else it is freed.
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -137,17 +129,9 @@ class BodyPool:
     budget
         The service's memory budget; the pool reserves what it keeps and gives it back on
         :meth:`reclaim`. ``None`` (tests) reserves nothing.
-    pin
-        Called once with each new pooled buffer; returns the function that undoes it (called
-        just before the buffer is freed), or None when it did nothing. ``None``: no pinning.
     """
 
-    def __init__(
-        self,
-        idle_limit: int,
-        budget: MemoryBudget | None = None,
-        pin: Callable[[np.ndarray], Callable[[], None] | None] | None = None,
-    ) -> None:
+    def __init__(self, idle_limit: int, budget: MemoryBudget | None = None) -> None:
         if idle_limit < 0:
             raise ValueError(f"idle_limit must be >= 0, got {idle_limit}")
         self.idle_limit = idle_limit
@@ -159,7 +143,6 @@ class BodyPool:
         self._idle_bytes = 0
         self._held = 0  # bytes this pool has reserved in the budget: idle capacity + lent buffers' slack
         self.stats = PoolStats()
-        self._pin = pin
         if budget is not None:
             budget.add_reclaimer(self.reclaim)
 
@@ -203,15 +186,7 @@ class BodyPool:
         with self._lock:
             self._held += capacity - size
             self.stats.misses += 1
-        return BodyLease(self, self._pinned(np.empty(capacity, np.uint8)), size)
-
-    def _pinned(self, buffer: np.ndarray) -> np.ndarray:
-        """``buffer`` pinned by ``pin`` (when given), to be unpinned as it is freed: a weakref callback
-        runs before NumPy frees an array's memory, whichever way the buffer leaves the pool."""
-        unpin = self._pin(buffer) if self._pin is not None else None
-        if unpin is not None:
-            weakref.finalize(buffer, unpin).atexit = False  # at exit the CUDA context may be gone
-        return buffer
+        return BodyLease(self, np.empty(capacity, np.uint8), size)
 
     def _give_back(self, buffer: np.ndarray, size: int) -> None:
         """A lease's last holder let go: keep the buffer idle if the limit and the budget allow, else free it."""

@@ -27,7 +27,6 @@ the GPU.
 from __future__ import annotations
 
 import collections
-import contextlib
 import ctypes
 import importlib.metadata
 import logging
@@ -79,9 +78,10 @@ _GPU_MERGEABLE = frozenset({"lu_factor", "lu", "lu_unpack", "lu_solve", "solve"}
 #: Stateless operations a GPU service may compute on the host for small matrices (LU_GPU_HOST_MAX_N).
 _HOST_OPERATIONS = frozenset({"lu_factor", "lu", "lu_unpack", "lu_solve", "solve", "det", "slogdet"})
 
-#: A request of more work than this (matrices x m x n x min(m, n)) goes to the device even when its
-#: matrices are small: 8192 matrices of 8 x 8, 128 of 32 x 32. A guess (a host factorization of that
-#: size takes about a device round trip, ~1 ms); to be measured on a device.
+#: A request of more work than this goes to the device even when its matrices are small: matrices x m x n
+#: x min(m, n) for the factorization, plus every other input's elements x max(m, n) (a right-hand side's
+#: solve): 8192 matrices of 8 x 8, 128 of 32 x 32, or one 32 x 32 system with 4096 right-hand sides. A
+#: guess (a host factorization of that size takes about a device round trip, ~1 ms); to be measured.
 HOST_MAX_WORK = 1 << 22
 
 
@@ -101,7 +101,13 @@ def host_sized(name: str, tensors: Mapping[str, Any], max_n: int) -> bool:
     if not all(isinstance(t, np.ndarray | list) for t in tensors.values()):
         return False  # an input already on the device (a stored factorization's)
     m, n = matrix.shape[-2:]
-    return max(m, n) <= max_n and math.prod(matrix.shape[:-2]) * m * n * min(m, n) <= HOST_MAX_WORK
+    if max(m, n) > max_n:
+        return False
+    others = 0
+    for key, t in tensors.items():
+        if key not in ("A", "LU"):
+            others += (t[0] if isinstance(t, list) and t else t).size  # B: its elements, one request's
+    return math.prod(matrix.shape[:-2]) * m * n * min(m, n) + others * max(m, n) <= HOST_MAX_WORK
 
 
 def gpu_merges(name: str, tensors: Mapping[str, np.ndarray]) -> bool:
@@ -488,46 +494,10 @@ class GpuDevice(Device):
 
         return self._guarded(compute, whole)
 
-    def pin_host(self, buffer: np.ndarray) -> Callable[[], None] | None:
-        """Page-lock ``buffer`` (a pooled receive buffer, ``service.bodies.BodyPool``), so that inputs
-        decoded from it go up with no staging copy; returns its unpinning, or None where CUDA refused
-        (the uploads then stage as before)."""
-        cp, ptr, size = self._cp, buffer.ctypes.data, buffer.nbytes
-        try:
-            with cp.cuda.Device(self.index):
-                cp.cuda.runtime.hostRegister(ptr, size, 1)  # cudaHostRegisterPortable
-        except Exception as exc:
-            log.warning("could not pin a %d-byte receive buffer (%s); its uploads are staged", size, exc)
-            return None
-
-        def unpin() -> None:
-            with contextlib.suppress(Exception):
-                cp.cuda.runtime.hostUnregister(ptr)
-
-        return unpin
-
-    def _is_pinned(self, a: np.ndarray) -> bool:
-        try:
-            runtime = self._cp.cuda.runtime
-            return bool(runtime.pointerGetMemoryType(a.ctypes.data) == runtime.cudaMemoryTypeHost)
-        except Exception:  # no answer: stage, as for pageable memory
-            return False
-
     def _upload(self, a: Any, stream: Any, staged: list[Any]) -> Any:
         cp = self._cp
         if isinstance(a, cp.ndarray):  # already on the device (a stored factorization's LU and pivots)
             return a
-        if (
-            isinstance(a, np.ndarray)
-            and a.nbytes >= PinnedStaging.MIN_BYTES
-            and a.flags.c_contiguous
-            and self._is_pinned(a)
-        ):
-            # Decoded from a pinned receive buffer: up from where it arrived, asynchronously. The body stays
-            # untouched and alive until the job ends (its lease is the job's).
-            dev = cp.empty(a.shape, a.dtype)
-            dev.set(a, stream=stream)
-            return dev
         host = self._staging.stage(a, staged)
         if host is None:  # small, or over the pinned cap: a plain, synchronous copy
             return cp.asarray(np.concatenate(a) if isinstance(a, list) else a)

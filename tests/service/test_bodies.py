@@ -432,38 +432,3 @@ def scipy_lu(A: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     lu, piv = scipy.linalg.lu_factor(A)
     return lu, (piv + 1).astype(np.int32)
-
-
-def test_a_gpu_service_pins_pooled_buffers_once_and_unpins_them_as_they_are_freed():
-    """BodyPool's pin hook (GpuDevice.pin_host on a GPU): each new pooled buffer is pinned once, a reused
-    one is not pinned again, unpooled ones never, and every pinned buffer is unpinned when freed (evicted,
-    dropped or cleared); a pin that declines (None) leaves the buffer pooled, unpinned."""
-    import gc
-
-    pinned: list[int] = []
-    unpinned: list[int] = []
-
-    def pin(buffer: np.ndarray):
-        ptr = buffer.ctypes.data
-        pinned.append(ptr)
-        return lambda: unpinned.append(ptr)
-
-    pool = BodyPool(3 * MiB, pin=pin)
-    tiny = pool.take(100)
-    assert not tiny.pooled and pinned == []
-    leases = [pool.take(MiB) for _ in range(4)]
-    assert len(pinned) == 4
-    for lease in leases:
-        lease.release()  # three kept idle, the oldest evicted
-    del leases, lease
-    gc.collect()
-    assert len(unpinned) == 1 and unpinned[0] in pinned
-    again = pool.take(MiB)
-    assert pool.stats.hits == 1 and len(pinned) == 4  # reused: pinned already
-    again.release()
-    del again
-    pool.clear()
-    gc.collect()
-    assert sorted(unpinned) == sorted(pinned)
-    declined = BodyPool(3 * MiB, pin=lambda buffer: None).take(MiB)
-    assert declined.pooled

@@ -628,6 +628,11 @@ def test_host_sized_jobs_follow_the_matrix_order_only():
     many = np.ones((HOST_MAX_WORK // 512 + 1, 8, 8))  # small matrices, but more work than a round trip
     assert not host_sized("lu_factor", {"A": many}, 32) and not host_sized("lu_factor", {"A": [many, many]}, 32)
     assert host_sized("lu_factor", {"A": many[:-1]}, 32)
+    # A small (or broadcast) A with a huge B: the right-hand sides' work counts too.
+    assert not host_sized("solve", {"A": np.ones((8, 8)), "B": np.ones((HOST_MAX_WORK // 64 + 1, 8, 1))}, 32)
+    assert not host_sized("lu_solve", {"LU": np.ones((1, 32, 32)), "pivots": np.ones((1, 32), np.int32),
+                                       "B": np.ones((1, 32, HOST_MAX_WORK // 1024 + 1))}, 32)  # fmt: skip
+    assert host_sized("solve", {"A": np.ones((8, 8)), "B": np.ones((1000, 8, 1))}, 32)
     assert not host_sized("lu_factor", {"A": np.ones((2, 8, 40))}, 32)  # both dimensions count
     assert not host_sized("solve", {"A": small, "B": small}, 0)  # 0: everything on the GPU
     assert not host_sized("solve_refined", {"A": small, "B": small}, 32)  # not a stateless core operation
@@ -670,36 +675,3 @@ def test_a_gpu_service_computes_small_matrices_on_the_host_and_large_ones_on_the
     device.run(on_device, {"A": big}, {})
     assert calls == [False] and cp.copies and cp.downloads == [False]  # up, computed, down (small: pageable)
     assert not device.merges("solve", {"A": big, "B": big[..., :1]})
-
-
-def test_an_input_decoded_from_a_pinned_receive_buffer_goes_up_without_staging():
-    """GpuDevice._upload: a large C-contiguous input whose memory CUDA reports pinned (a pooled receive
-    buffer, pinned by GpuDevice.pin_host) is copied to the device straight from where it lies; others
-    (pageable, or not contiguous) through a staging buffer as before."""
-    from service.device import GpuDevice, PinnedStaging
-
-    cp = _StreamingCupy()
-    body = np.zeros(1 << 20, dtype=np.uint8)  # stands for a pinned receive buffer
-    start, end = body.ctypes.data, body.ctypes.data + body.nbytes
-    cp.cuda.runtime = type(
-        "runtime", (), {"cudaMemoryTypeHost": 1, "pointerGetMemoryType": staticmethod(lambda p: int(start <= p < end))}
-    )
-    sent = []
-    plain_set = cp.ndarray.set
-
-    def set_(self, host, stream=None):
-        sent.append(host)
-        plain_set(self, host, stream)
-
-    cp.ndarray.set = set_
-    device = object.__new__(GpuDevice)
-    device._cp, device._staging = cp, PinnedStaging(cp, None)
-    a = np.frombuffer(body, dtype=np.float64, count=64 * 64 * 8).reshape(8, 64, 64)  # decoded in place
-    staged: list = []
-    device._upload(a, None, staged)
-    assert sent[-1] is a and staged == [] and cp.pinned == []  # no staging buffer, no copy on the host
-    elsewhere = np.ones((8, 64, 64))
-    device._upload(elsewhere, None, staged)
-    assert sent[-1] is not elsewhere and len(staged) == 1 and len(cp.pinned) == 1  # staged, as before
-    device._upload(a[:, ::2], None, staged)  # pinned but strided: staged
-    assert len(staged) == 2

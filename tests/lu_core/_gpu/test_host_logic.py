@@ -67,14 +67,15 @@ def test_rect_factor_max_bytes_zero_sends_every_rectangular_batch_to_the_library
 
 def test_small_index_arrays_are_uploaded_once_per_device_and_contents(monkeypatch):
     """lu_core._gpu._constants: the solve's per-call index arrays (problem -> factorization, block offsets)
-    are uploaded once per (device, dtype, shape, contents), waited for once, then shared; large ones
-    are copied per call. CuPy's upload, device and stream are stand-ins here (no GPU); on a device the
-    parity tests run every solve through it."""
+    are uploaded once per (device, dtype, shape, contents) on a stream of their own, waited for there once,
+    then shared; large ones, and any once the table is full, are copied per call (never evicted). CuPy's
+    upload, device and stream are stand-ins here (no GPU); on a device the parity tests run every solve
+    through it."""
     import cupy
 
     from lu_core._gpu import _constants
 
-    uploads, waits, current = [], [], {"id": 0}
+    uploads, waits, current = [], [], {"id": 0, "stream": None}
 
     class Device:
         def __init__(self, index=None):
@@ -84,28 +85,32 @@ def test_small_index_arrays_are_uploaded_once_per_device_and_contents(monkeypatc
         def id(self):
             return current["id"]
 
+    class Stream:
+        def __init__(self, non_blocking=False):
+            self.device = current["id"]
+
         def __enter__(self):
-            self.saved, current["id"] = current["id"], self.index
+            current["stream"] = self
             return self
 
         def __exit__(self, *exc):
-            current["id"] = self.saved
+            current["stream"] = None
 
-    class Stream:
         def synchronize(self):
-            waits.append(current["id"])
+            waits.append(self.device)
 
     def asarray(a):
-        uploads.append((current["id"], a.dtype.str, a.shape))
+        uploads.append((current["id"], a.dtype.str, a.shape, current["stream"] is not None))
         return object()
 
     monkeypatch.setattr(cupy, "asarray", asarray)
     monkeypatch.setattr(cupy.cuda, "Device", Device)
-    monkeypatch.setattr(cupy.cuda, "get_current_stream", Stream)
-    _constants._kept.cache_clear()
+    monkeypatch.setattr(cupy.cuda, "Stream", Stream)
+    monkeypatch.setattr(_constants, "_kept", {})
+    monkeypatch.setattr(_constants, "_streams", {})
     index = np.arange(8, dtype=np.int64)
     first = _constants.on_device(index)
-    assert _constants.on_device(index.copy()) is first and uploads == [(0, "<i8", (8,))] and waits == [0]
+    assert _constants.on_device(index.copy()) is first and uploads == [(0, "<i8", (8,), True)] and waits == [0]
     assert _constants.on_device(index.astype(np.int32)) is not first  # another dtype: another array
     assert _constants.on_device(index.reshape(2, 4)) is not first  # another shape
     assert _constants.on_device(index[::-1]) is not first  # other contents (a strided view is read as such)
@@ -114,5 +119,8 @@ def test_small_index_arrays_are_uploaded_once_per_device_and_contents(monkeypatc
     big = np.zeros(_constants.MAX_BYTES // 8 + 1, dtype=np.int64)
     before = len(uploads)
     _constants.on_device(big), _constants.on_device(big)
-    assert len(uploads) == before + 2 and len(waits) == 5  # copied per call, never waited for
-    _constants._kept.cache_clear()
+    assert len(uploads) == before + 2 and not uploads[-1][3] and len(waits) == 5  # per call, never waited for
+    monkeypatch.setattr(_constants, "ENTRIES", len(_constants._kept))  # full: per call, nothing evicted
+    kept = dict(_constants._kept)
+    assert _constants.on_device(index + 100) is not _constants.on_device(index + 100)
+    assert _constants._kept == kept and _constants.on_device(index) is kept[(1, "<i8", (8,), index.tobytes())]
