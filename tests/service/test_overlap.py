@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from service.device import CpuDevice, Launched
+from service.errors import ServiceError
 from service.metrics import Metrics
 from service.operations import OPERATIONS
 from service.worker import DeviceWorker
@@ -649,7 +650,7 @@ def test_a_gpu_service_computes_small_matrices_on_the_host_and_large_ones_on_the
 
     cp = _StreamingCupy()
     device = object.__new__(GpuDevice)
-    device._cp, device.metrics, device._stage_children = cp, None, {}
+    device._cp, device.metrics, device._stage_children = cp, Metrics("gpu", "test"), {}
     device._staging, device.host_max_n = PinnedStaging(cp, None), 32
     device._streams = (cp.Stream(), cp.Stream(), cp.Stream())
     solve = OPERATIONS["solve"].compute
@@ -660,6 +661,10 @@ def test_a_gpu_service_computes_small_matrices_on_the_host_and_large_ones_on_the
     X = device.run(solve, {"A": A, "B": B}, dict(OPERATIONS["solve"].options))["X"]
     np.testing.assert_allclose(X, np.linalg.solve(A, B), rtol=1e-12)
     assert isinstance(X, np.ndarray) and cp.copies == [] and cp.downloads == []  # never on the device
+    timed = device.metrics.device_seconds.labels("solve", "host", "gpu")._sum.get()  # its own stage, host
+    assert timed > 0 and device.metrics.device_seconds.labels("solve", "compute", "gpu")._sum.get() == 0
+    # A 503 the host path already raised is not taken for a new out-of-memory error (no second release).
+    assert not device.is_out_of_memory(ServiceError(503, "device_out_of_memory", "out of memory"))
     merged = device.launch_stacked(solve, {"A": [A[:1], A[1:]], "B": [B[:1], B[1:]]}, dict(OPERATIONS["solve"].options))
     merged.compute()
     np.testing.assert_array_equal(merged.result()["X"], X)
