@@ -671,9 +671,9 @@ class PinnedStaging:
     Buffers come from CuPy's pinned memory pool in power-of-two sizes and go back to
     a free list: an upload's after its job (:meth:`release`), a download's (:meth:`lease`)
     when the answer that reads it is gone, so a steady stream of similar requests
-    allocates no pinned memory at all. Past ``limit`` bytes held, the idle buffers are
-    dropped and handed back to the device driver (CuPy's pinned pool would otherwise keep
-    them pinned); if that is not room enough, :meth:`take` answers None and the caller
+    allocates no pinned memory at all. Past ``limit`` bytes held, idle buffers are dropped,
+    largest first, until there is room, and handed back to the device driver (CuPy's pinned
+    pool would otherwise keep them pinned); if that is not room enough, :meth:`take` answers None and the caller
     copies from or to pageable memory instead (slower, never refused).
 
     Thread-safe. A leased buffer comes back on whichever thread drops the answer, possibly
@@ -703,7 +703,7 @@ class PinnedStaging:
             if free:
                 return free.pop()
             if self.limit is not None and self.held_bytes + size > self.limit:
-                self._clear()  # drop idle buffers of other sizes before giving up
+                self._drop_idle(self.limit - size)  # idle buffers of other sizes, largest first, until room
                 if self.held_bytes + size > self.limit:
                     return None
             self.held_bytes += size  # counted before the allocation, so that two takers stay under the cap
@@ -777,11 +777,19 @@ class PinnedStaging:
             self._free.setdefault(item[0], []).append(item)
 
     def _clear(self) -> None:
+        self._drop_idle(0)
+
+    def _drop_idle(self, target: int) -> None:
+        """Drop idle buffers, largest first, until at most ``target`` bytes are held (or none is idle),
+        and hand them back to the driver (under ``_lock``)."""
         self._drain()
         dropped = 0
-        for bufs in self._free.values():
-            dropped += sum(size for size, _ in bufs)
-        self._free.clear()
+        for size in sorted(self._free, reverse=True):
+            bufs = self._free[size]
+            while bufs and self.held_bytes - dropped > target:
+                dropped += bufs.pop()[0]
+            if not bufs:
+                del self._free[size]
         self.held_bytes -= dropped
         pool = getattr(self._cp, "get_default_pinned_memory_pool", None)
         if dropped and pool is not None:

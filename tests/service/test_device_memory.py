@@ -379,3 +379,12 @@ def test_pinned_staging_accounting_survives_failures_and_clears():
     host.get_default_pinned_memory_pool = lambda: type("Pool", (), {"free_all_blocks": lambda self: freed.append(1)})()
     assert staging.take(600_000) is not None  # needs the room of the idle buffer: dropped, and the pool told
     assert freed == [1] and staging.held_bytes == 1 << 20
+
+
+def test_at_the_pinned_cap_only_the_idle_buffers_needed_are_dropped_largest_first():
+    staging = PinnedStaging(HostAllocator(), limit=1280 << 10)
+    a, b = staging.take(300_000), staging.take(100_000)  # 512 KiB and 128 KiB
+    staging.release([a, b])
+    big = staging.take(600_000)  # 1 MiB: 640 KiB idle + 1 MiB > the cap; dropping the 512 KiB one is room enough
+    assert big is not None and staging.held_bytes == (1024 + 128) << 10 and staging.idle() == 1
+    assert staging.take(100_000) is b  # the small idle buffer was kept
