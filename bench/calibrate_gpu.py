@@ -22,7 +22,7 @@ import re
 import sys
 from collections.abc import Callable, Iterator
 
-from bench.core_gpu import _cuda_time, available, seconds_budget
+from bench.core_gpu import _cuda_time, available, device_name, seconds_budget
 
 FACTOR_N = (4, 8, 16, 24, 32, 48, 64, 128, 256, 512, 1024)
 #: Rectangular (m, n) for RECT_FACTOR_MAX_BYTES: in float64 about 16, 48, 95, 128 and 190 KiB a matrix in
@@ -263,10 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"no CUDA device: {problem}; nothing to calibrate", file=sys.stderr)
         return 0
-    import cupy as cp
-
-    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
-    device = name.decode() if isinstance(name, bytes) else str(name)
+    device = device_name()
     factor_rows, solve_rows = measure(args.quick, lambda msg: print(msg, file=sys.stderr, flush=True), args.seconds)
     suggested = suggest(factor_rows, solve_rows)
     out = pathlib.Path(args.out)

@@ -43,6 +43,14 @@ CUPYX_MAX_BATCH = 1000
 RECT_CASES = ((1000, 100, 20), (1000, 20, 100), (10000, 64, 32), (1000, 127, 96))
 
 
+def device_name() -> str:
+    """The current CUDA device's name (CuPy reports bytes or str, by version)."""
+    import cupy
+
+    raw = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
 def available() -> str | None:
     """None when a GPU is usable, else why not."""
     try:
@@ -226,8 +234,7 @@ def run(
         if left
         else f"All {len(todo)} cases."
     )
-    props = cupy.cuda.runtime.getDeviceProperties(0)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    name = device_name()
     extra = [
         f"| {r['op']} | {r['dtype']} | {r['batch']} | {r['n']} | "
         + (f"{r['GFLOP/s']:.1f} GFLOP/s" if "GFLOP/s" in r else f"{r['GB/s']:.1f} GB/s")

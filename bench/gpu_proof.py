@@ -162,10 +162,9 @@ def gpu_slug() -> str:
 
 def gpu_name() -> str | None:
     try:
-        import cupy
+        from bench.core_gpu import device_name
 
-        raw = cupy.cuda.runtime.getDeviceProperties(0)["name"]
-        return raw.decode() if isinstance(raw, bytes) else str(raw)
+        return device_name()
     except Exception:
         return None
 

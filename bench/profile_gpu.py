@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import lu_core
 from bench._report import device_slug
-from bench.core_gpu import available, seconds_budget
+from bench.core_gpu import available, device_name, seconds_budget
 
 #: (op, batch, n, dtype): the smallest cases of the core grid, where host work decides.
 CASES = (
@@ -152,10 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"no CUDA device: {problem}; nothing to profile", file=sys.stderr)
         return 0
-    import cupy
-
-    raw = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-    device = raw.decode() if isinstance(raw, bytes) else str(raw)
+    device = device_name()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"profile-gpu-{device_slug(device)}.md"

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 
 import lu_core
-from bench.core_gpu import _cuda_time, available
+from bench.core_gpu import _cuda_time, available, device_name
 
 SIZES = (8192, 16384)
 QUICK_SIZES = (1024,)
@@ -46,8 +46,7 @@ def run(quick: bool, out: pathlib.Path | None, progress: Callable[[str], None]) 
         torch = torch if torch.cuda.is_available() else None
     except ImportError:
         torch = None
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    device = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+    device = device_name()
     rows = []
     for n in QUICK_SIZES if quick else SIZES:
         rng = cp.random.default_rng(0)

@@ -147,7 +147,7 @@ def test_a_part_that_times_out_takes_the_processes_it_started_with_it(tmp_path):
 
 
 @pytest.mark.parametrize("bad", ["0", "-5", "nan", "inf", "ten", ""])
-@pytest.mark.parametrize("module", ["bench.core_gpu", "bench.calibrate_gpu"])
+@pytest.mark.parametrize("module", ["bench.core_gpu", "bench.calibrate_gpu", "bench.profile_gpu"])
 def test_a_time_budget_that_is_not_a_positive_number_of_seconds_is_refused(module, bad, capsys):
     import importlib
 
@@ -156,6 +156,14 @@ def test_a_time_budget_that_is_not_a_positive_number_of_seconds_is_refused(modul
         main(["--out", "", "--seconds", bad])
     assert exc.value.code == 2
     assert "--seconds" in capsys.readouterr().err
+
+
+def test_the_profile_needs_its_out_folder(capsys):
+    from bench import profile_gpu
+
+    with pytest.raises(SystemExit) as exc:
+        profile_gpu.main([])
+    assert exc.value.code == 2 and "--out" in capsys.readouterr().err
 
 
 def test_a_positive_time_budget_is_taken():

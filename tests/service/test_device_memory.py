@@ -192,6 +192,21 @@ def test_gpu_pinned_settings_refuse_nonsense(value):
         Settings(gpu_pinned_bytes=value)
 
 
+@pytest.mark.parametrize("value", [-1, "x", None, 2.5, "1e9"])
+def test_gpu_host_max_n_refuses_nonsense(value):
+    with pytest.raises(ValidationError):
+        Settings(gpu_host_max_n=value)
+
+
+def test_gpu_host_max_n_default_and_environment(monkeypatch):
+    assert Settings().gpu_host_max_n == 32
+    monkeypatch.setenv("LU_GPU_HOST_MAX_N", "0")
+    assert Settings().gpu_host_max_n == 0
+    monkeypatch.setenv("LU_GPU_HOST_MAX_N", "-3")
+    with pytest.raises(ValidationError, match="gpu_host_max_n"):
+        Settings()
+
+
 def test_gpu_memory_settings_defaults_and_environment(monkeypatch):
     s = Settings()
     assert s.gpu_memory_bytes is None and s.gpu_pinned_bytes == 1 << 30
