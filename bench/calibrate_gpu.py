@@ -3,10 +3,10 @@
     python -m bench.calibrate_gpu --out DIR [--quick]
 
 Times every routine the dispatch can pick on the same data, with CUDA events
-(medians after warm-up): for the factorization our warp-per-matrix kernel,
+(medians after warm-up): for the factorization our small-matrix kernel,
 cuBLAS ``getrfBatched`` and a cuSOLVER ``getrf`` per matrix (rectangular
 batches: our kernel and cuSOLVER, first); for the solve our
-warp-per-vector kernel, cuBLAS ``getrsBatched`` and ``trsmBatched``. Writes
+small-vector kernel, cuBLAS ``getrsBatched`` and ``trsmBatched``. Writes
 ``DIR/calibrate-gpu-<device>.md`` (every time, and the fastest routine per case)
 and prints the suggested table entries. Where CUDA sees no device it says so and
 exits 0, so scripts can call it anywhere.

@@ -151,7 +151,7 @@ def run_case(batch: int, n: int, dtype: str, torch, repeats: int) -> list[dict]:
 
 
 def run_rectangular(batch: int, m: int, n: int, dtype: str, torch, repeats: int) -> dict:
-    """lu_factor of a batch of m x n matrices (our warp-per-matrix kernel where one fits in shared memory;
+    """lu_factor of a batch of m x n matrices (our small-matrix kernel where one fits in shared memory;
     the libraries need a call per matrix) against torch and a cupyx loop."""
     import cupy
     import cupyx.scipy.linalg as cxl

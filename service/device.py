@@ -68,7 +68,7 @@ Compute = Callable[[Mapping[str, Any], Mapping[str, bool]], dict[str, Any]]
 T = TypeVar("T")
 
 
-#: Operations whose GPU routines, for matrices our warp-per-matrix kernels take, compute each matrix
+#: Operations whose GPU routines, for matrices our small-matrix kernels take, compute each matrix
 #: the same whatever the batch: the factorization (``small_getrf``), the solve (``small_getrs``) and
 #: the unpacking (element-wise). Not ``det`` / ``slogdet``: their products and sums are CuPy reductions,
 #: whose order may follow the array's size.

@@ -1,6 +1,6 @@
 """The GPU factorization: which routine factors a batch, and no Python loop for small ones.
 
-* our warp-per-matrix kernel (``small_lu.cu``), any batch, with or without
+* our small-matrix kernel (``small_lu.cu``, a group of lanes per matrix), any batch, with or without
   pivoting, one launch: square matrices up to ``SMALL_FACTOR_MAX_N`` (32), and
   rectangular ones, which the libraries would factor with a call per matrix,
   up to ``RECT_FACTOR_MAX_BYTES`` (96 KiB) of shared memory each, within the

@@ -22,7 +22,7 @@ import numpy as np
 
 from lu_core._gpu import _sources, _tuning
 
-#: Lanes of a warp: the rows of a small factorization, the entries of a small solve's vector.
+#: Lanes of a warp: shared by the small kernels' groups of lanes (one group per matrix or vector).
 WARP = 32
 
 #: Most blocks of a grid-stride launch (the kernels loop over the rest).
@@ -142,24 +142,33 @@ def nopivot_refactor(kept: Any, s: Any, info: Any, m: int, n: int) -> Launch:
 
 
 def small_getrf(s: Any, piv: Any, info: Any, m: int, n: int, pivot: bool) -> Launch:
-    """A warp per matrix, as many warps a block as fit ``SMALL_BLOCK`` threads and 48 KiB (at least one)."""
+    """``32 // width`` matrices a warp (``_tuning.getrf_width``), as many warps a block as fit
+    ``SMALL_BLOCK`` threads and 48 KiB (at least one)."""
     nb = s.shape[0]
-    per_warp = _tuning.warp_bytes(m, n, s.dtype)
+    width = _tuning.getrf_width(m, n, s.dtype)
+    groups = WARP // width
+    per_warp = groups * _tuning.warp_bytes(m, n, s.dtype)
     warps = max(1, min(_tuning.SMALL_BLOCK // WARP, _tuning.SHARED_BYTES // per_warp))
-    args = (s, piv, info, np.int64(nb), np.int32(m), np.int32(n), np.int32(pivot))
+    args = (s, piv, info, np.int64(nb), np.int32(m), np.int32(n), np.int32(pivot), np.int32(width))
     return Launch(
-        "small_lu.cu", f"small_getrf<{_ctype(s.dtype)}>", grid(nb, warps), (warps * WARP,), warps * per_warp, args
+        "small_lu.cu",
+        f"small_getrf<{_ctype(s.dtype)}>",
+        grid(-(-nb // groups), warps),
+        (warps * WARP,),
+        warps * per_warp,
+        args,
     )
 
 
 def small_getrs(s: Any, piv0: Any, index: Any, w3: Any, op: int) -> Launch:
-    """A warp per right-hand side."""
+    """A group of ``_tuning.getrs_width(n)`` lanes per right-hand side, ``32 // width`` a warp."""
     nprob, nrhs, n = w3.shape
-    args = (s, piv0, index, w3, np.int64(nprob), np.int32(nrhs), np.int32(n), np.int32(op))
+    width = _tuning.getrs_width(n)
+    args = (s, piv0, index, w3, np.int64(nprob), np.int32(nrhs), np.int32(n), np.int32(op), np.int32(width))
     return Launch(
         "small_lu.cu",
         f"small_getrs<{_ctype(w3.dtype)}>",
-        grid(nprob * nrhs, _tuning.SMALL_BLOCK // WARP),
+        grid(-(-(nprob * nrhs) // (WARP // width)), _tuning.SMALL_BLOCK // WARP),
         (_tuning.SMALL_BLOCK,),
         0,
         args,

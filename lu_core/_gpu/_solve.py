@@ -5,7 +5,7 @@ strides and the broadcast (never materialised) and writes the right-hand sides
 as contiguous vectors, conjugated where ``X A^H = B`` needs it and, for the
 trsm path of ``A X = B``, already permuted. Then:
 
-* ``n <= 32``: our warp-per-vector ``small_getrs`` (pivots applied in registers);
+* ``n <= 32``: our ``small_getrs`` (a group of lanes per vector, several a warp) (pivots applied in registers);
 * a single problem: cuSOLVER ``getrs``;
 * few right-hand sides, ``n <= 128``: cuBLAS ``getrsBatched``;
 * otherwise: two cuBLAS ``trsmBatched`` calls (BLAS-3), plus ``scatter_rows``

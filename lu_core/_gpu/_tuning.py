@@ -3,7 +3,7 @@
 PARTLY CALIBRATED. The values are PyTorch's (its ``get_lu_factor_solver_backend``
 and ``lu_solve`` heuristics in ``aten/src/ATen/native/cuda/linalg/
 BatchLinearAlgebra.cpp``, measured by its authors on H100 / A100 / L40) and
-the register limit of our own warp-per-matrix kernels. ``python -m
+the register limit of our own small-matrix kernels. ``python -m
 bench.calibrate_gpu --out DIR`` measures the crossovers on a device and
 prints the values to put here. The first device run (an H200, 2026-11-26,
 ``bench/results/2026-11-26-gpu-proof-h200/2-measure-calibration.md``, 50 s of
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-#: Our own warp-per-matrix kernels (``small_lu.cu``) for square matrices up to
+#: Our own small-matrix kernels (``small_lu.cu``: a group of lanes per matrix) for square matrices up to
 #: this size, any batch, with or without pivoting (the factorization takes
 #: larger ones too, as long as a warp's shared memory holds the matrix, and
 #: takes every rectangular matrix that fits: see ``own_kernel`` below; the
@@ -30,7 +30,7 @@ import numpy as np
 SMALL_FACTOR_MAX_N = 32
 SMALL_SOLVE_MAX_N = 32
 
-#: Rectangular matrices go to our warp-per-matrix kernel while one matrix
+#: Rectangular matrices go to our small-matrix kernel while one matrix
 #: takes at most this much of its shared memory ((m | 1) x n x item size;
 #: above the 48 KiB a block has without opting in, the kernel opts in, up to
 #: the device's limit: 227 KiB on an H100); otherwise cuSOLVER, a call per
@@ -57,8 +57,28 @@ def warp_bytes(m: int, n: int, dtype: np.dtype) -> int:
     return (m | 1) * n * np.dtype(dtype).itemsize
 
 
+def _pow2_at_least(x: int) -> int:
+    return 1 << max(0, x - 1).bit_length()
+
+
+def getrf_width(m: int, n: int, dtype: np.dtype) -> int:
+    """Lanes per matrix in ``small_getrf`` (a power of two up to 32): one per row up to 32 rows, so a
+    warp factors ``32 // width`` small matrices at once; wider where that many would not fit in 48 KiB
+    of shared memory a warp (then as many as fit; one where a single matrix takes more). The shape's
+    alone: the width changes no result, and a matrix's result never depends on its batch."""
+    width = _pow2_at_least(min(m, 32))
+    while width < 32 and (32 // width) * warp_bytes(m, n, dtype) > SHARED_BYTES:
+        width *= 2
+    return width
+
+
+def getrs_width(n: int) -> int:
+    """Lanes per right-hand side in ``small_getrs`` (``n <= 32``): a power of two, at least ``n``."""
+    return _pow2_at_least(n)
+
+
 def own_kernel(m: int, n: int, dtype: np.dtype, optin: Callable[[], int] = lambda: SHARED_BYTES) -> bool:
-    """Whether our warp-per-matrix kernel factors ``m x n`` matrices: square ones up to
+    """Whether our small-matrix kernel factors ``m x n`` matrices: square ones up to
     ``SMALL_FACTOR_MAX_N``; rectangular ones up to ``RECT_FACTOR_MAX_BYTES`` of shared memory each, and
     above 48 KiB up to ``optin()``, the device's limit for one block. Never from the batch: a matrix's
     result does not depend on what it is factored with."""
@@ -91,14 +111,14 @@ def getrf_batched_wins(batch: int, n: int, dtype: np.dtype) -> bool:
 GETRS_BATCHED_MAX_N = 128
 GETRS_BATCHED_MAX_NRHS = 2
 
-#: Threads per block of the element-wise kernels and of the warp-per-matrix
+#: Threads per block of the element-wise kernels and of the small-matrix
 #: kernels (a multiple of 32).
 BLOCK = 256
 SMALL_BLOCK = 128
 
 
 def factor_path(m: int, n: int, batch: int, dtype: np.dtype, optin: Callable[[], int] = lambda: SHARED_BYTES) -> str:
-    """The routine that factors a batch of ``m x n`` matrices: ``own`` (our warp-per-matrix kernel),
+    """The routine that factors a batch of ``m x n`` matrices: ``own`` (our small-matrix kernel),
     ``getrfBatched`` (cuBLAS, square batches) or ``getrf`` (cuSOLVER, a call per matrix)."""
     if own_kernel(m, n, dtype, optin):
         return "own"
@@ -107,7 +127,7 @@ def factor_path(m: int, n: int, batch: int, dtype: np.dtype, optin: Callable[[],
 
 def solve_path(n: int, problems: int, nrhs: int) -> str:
     """The routine that solves ``problems`` systems of order ``n`` with ``nrhs`` right-hand sides each:
-    ``own`` (our warp-per-vector kernel), ``getrs`` (cuSOLVER, one problem), ``getrsBatched`` or
+    ``own`` (our small-vector kernel), ``getrs`` (cuSOLVER, one problem), ``getrsBatched`` or
     ``trsmBatched`` (cuBLAS)."""
     if n <= SMALL_SOLVE_MAX_N:
         return "own"

@@ -1,15 +1,27 @@
-// Batched LU and LU solve for small matrices: one warp per matrix (in shared
-// memory; any m x n that fits there, square ones up to 32) or per right-hand
-// side (n <= 32, in registers, moved by warp shuffles). This is where a batch
-// of small matrices is cheap: no library call per matrix, no pointer arrays.
+// Batched LU and LU solve for small matrices: a group of lanes per matrix (in
+// shared memory; any m x n that fits there, square ones up to 32) or per
+// right-hand side (n <= 32, in registers, moved by warp shuffles). This is where
+// a batch of small matrices is cheap: no library call per matrix, no pointer
+// arrays.
 //
 // Compiled with NVRTC through cupy.RawModule after <cupy/complex.cuh> and
 // common.cuh; instantiated per dtype T (float, double, complex<float>,
 // complex<double>).
 //
+// Groups: `width` lanes (a power of two, 1 .. 32, chosen by the host from the
+// shape: lu_core/_gpu/_tuning.py's small_width) serve one matrix or vector, so
+// a warp holds 32 / width of them at once: an 8 x 8 matrix takes 8 lanes, not a
+// whole warp with 24 idle. Shuffles pass `width`, so each group exchanges
+// values among its own lanes; every lane of the warp reaches every shuffle
+// (full mask), including the groups left without a matrix at the end of the
+// batch, which compute on zeros (factor) or mirror a valid problem (solve) and
+// write nothing. The grouping changes no arithmetic: each entry sees the same
+// operations in the same order whatever the width, so results never depend on
+// it.
+//
 // Storage: column-major per matrix (a(i, j) at s[b * m * n + j * m + i]), the
-// layout of cuSOLVER, cuBLAS, LAPACK and our CPU backend; lane i of the warp
-// owns rows i, i + 32, ..., so each column load / store is coalesced.
+// layout of cuSOLVER, cuBLAS, LAPACK and our CPU backend; lane g of a group owns
+// rows g, g + width, ....
 //
 // Numerics follow the CPU backend's getrf / getrs kernels (LAPACK's getf2 /
 // getrs order): the pivot is the first entry of largest |re| + |im| at or
@@ -33,80 +45,92 @@ __device__ __forceinline__ T abs1(complex<T> x) {
     return fabs(x.real()) + fabs(x.imag());
 }
 
-__device__ __forceinline__ float shfl(float v, int src) {
-    return __shfl_sync(LU_CORE_FULL_MASK, v, src);
+// v of lane src of the caller's group of width lanes.
+__device__ __forceinline__ float shfl(float v, int src, int width) {
+    return __shfl_sync(LU_CORE_FULL_MASK, v, src, width);
 }
-__device__ __forceinline__ double shfl(double v, int src) {
-    return __shfl_sync(LU_CORE_FULL_MASK, v, src);
+__device__ __forceinline__ double shfl(double v, int src, int width) {
+    return __shfl_sync(LU_CORE_FULL_MASK, v, src, width);
 }
 template <typename T>
-__device__ __forceinline__ complex<T> shfl(complex<T> v, int src) {
-    return complex<T>(shfl(v.real(), src), shfl(v.imag(), src));
+__device__ __forceinline__ complex<T> shfl(complex<T> v, int src, int width) {
+    return complex<T>(shfl(v.real(), src, width), shfl(v.imag(), src, width));
 }
 
-// LAPACK's pivot choice across the warp, for column k of a matrix of m rows
-// whose row r lane r % 32 owns (column-major in shared memory, col[r]).
-// i?amax scans from k keeping the first strictly larger |.|: so a NaN
+// LAPACK's pivot choice across a group, for column k of a matrix of m rows
+// whose row r lane r % width of the group owns (column-major in shared memory,
+// col[r]). i?amax scans from k keeping the first strictly larger |.|: so a NaN
 // diagonal stays the pivot, a NaN below it is never chosen, and ties go to the
 // smallest index. Each lane keeps the first largest of its own rows (scanned in
 // increasing order, strictly larger wins), then the butterfly takes the
-// maximum of (value, -index) over the lanes: that same choice, on every lane.
+// maximum of (value, -index) over the group's lanes: that same choice, on every
+// lane of the group. Every lane of the warp shuffles (no early return for a NaN diagonal).
 template <typename T>
-__device__ __forceinline__ int warp_pivot(const T* col, int lane, int k, int m) {
+__device__ __forceinline__ int group_pivot(const T* col, int g, int width, int k, int m) {
     typedef decltype(abs1(T())) R;
-    const R at_k = abs1(col[k]);  // the same address on every lane: a broadcast
-    if (at_k != at_k) return k;   // NaN diagonal: nothing compares greater
+    const R at_k = abs1(col[k]);  // the same address on the group's lanes: a broadcast. Read before the
+                                  // shuffles, as are the rows below: no lane swaps rows before all have read
     R v = R(-1);
     int idx = m;
-    for (int r = k + ((lane - k) & 31); r < m; r += 32) {  // this lane's rows from k on
+    for (int r = k + ((g - k) & (width - 1)); r < m; r += width) {  // this lane's rows from k on
         const R mag = abs1(col[r]);
         if (mag > v) {  // false for NaN
             v = mag;
             idx = r;
         }
     }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        const R ov = __shfl_xor_sync(LU_CORE_FULL_MASK, v, off);
-        const int oi = __shfl_xor_sync(LU_CORE_FULL_MASK, idx, off);
+    for (int off = width >> 1; off > 0; off >>= 1) {
+        const R ov = __shfl_xor_sync(LU_CORE_FULL_MASK, v, off, width);
+        const int oi = __shfl_xor_sync(LU_CORE_FULL_MASK, idx, off, width);
         if (ov > v || (ov == v && oi < idx)) {
             v = ov;
             idx = oi;
         }
     }
-    return idx;
+    return at_k != at_k ? k : idx;  // NaN diagonal: nothing compares greater
 }
 
 // LU of nbatch m x n matrices in place in s, with 1-based LAPACK pivots (piv,
 // nbatch x min(m, n)) and info per matrix. Without pivoting the pivots are
-// still written (1 .. k, as PyTorch does). Any m and n whose matrix fits in a
-// warp's slice of shared memory (the host checks: ld * n * sizeof(T), ld = m
-// made odd): small square matrices, and rectangular ones of any batch, where
-// the libraries would need a call per matrix.
+// still written (1 .. k, as PyTorch does). Any m and n whose matrices fit in a
+// warp's slice of shared memory (the host checks: groups * ld * n * sizeof(T),
+// ld = m made odd): small square matrices, and rectangular ones of any batch,
+// where the libraries would need a call per matrix.
 //
-// Each warp copies its matrix to its slice of dynamic shared memory
-// (column-major, leading dimension ld, odd: a column's rows are consecutive
-// words for the lanes, and the row swap, lane c reading column c, strides
-// over the banks instead of hitting one), factors it there and copies it back.
-// Lane i owns rows i, i + 32, ...;
-// the pivot row is read by every lane at once (a broadcast), and the row swap
-// is spread over the lanes by column. Loops are not unrolled: one
-// instantiation per dtype compiles in seconds and serves every shape.
-// Launch: blockDim.x = 32 * warps, shared memory = warps * ld * n * sizeof(T).
+// Each round a warp takes the next 32 / width matrices, consecutive in s, and
+// copies them with one coalesced sweep to its slice of dynamic shared memory
+// (each column-major with leading dimension ld, odd: a column's rows are
+// consecutive words for the lanes, and the row swap, lane c reading column c,
+// strides over the banks instead of hitting one); each group factors its own
+// there, and the warp copies them back. The pivot row is read by every lane of
+// the group at once (a broadcast), and the row swap is spread over the group's
+// lanes by column. Loops are not unrolled: one instantiation per dtype
+// compiles in seconds and serves every shape.
+// Launch: blockDim.x = 32 * warps, shared memory = warps * groups * ld * n *
+// sizeof(T), groups = 32 / width.
 template <typename T>
 __global__ void small_getrf(T* __restrict__ s, int* __restrict__ piv, int* __restrict__ info, long long nbatch,
-                            int m, int n, int pivot) {
+                            int m, int n, int pivot, int width) {
     extern __shared__ __align__(16) unsigned char small_getrf_shared[];
     const int lane = threadIdx.x & 31;
+    const int g = lane & (width - 1);  // this lane's place in its group
+    const int groups = 32 / width;     // matrices a warp holds
     const int ld = m | 1;
-    T* sh = reinterpret_cast<T*>(small_getrf_shared) + (long long)(threadIdx.x >> 5) * ld * n;  // this warp's
+    const int mn = m * n, slot = ld * n;  // a matrix in s, and its slice of shared memory
+    T* const warp_sh = reinterpret_cast<T*>(small_getrf_shared) + (threadIdx.x >> 5) * groups * slot;
+    T* const sh = warp_sh + (lane / width) * slot;  // this group's matrix
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     const int kk = m < n ? m : n;
-    for (long long b = warp; b < nbatch; b += nwarps) {  // uniform per warp: full-mask shuffles are safe
-        T* a = s + b * (long long)m * n;
-        for (int c = 0; c < n; ++c) {
-            for (int r = lane; r < m; r += 32) sh[c * ld + r] = a[(long long)c * m + r];
+    for (long long b0 = warp * groups; b0 < nbatch; b0 += nwarps * groups) {  // uniform per warp
+        const long long b = b0 + lane / width;                                 // this group's matrix
+        const bool active = b < nbatch;  // false for the groups past the batch's end: zeros, nothing written
+        const long long left = nbatch - b0;
+        const int held = (left < groups ? (int)left : groups) * mn;  // entries of the warp's matrices in s
+        T* const a = s + b0 * mn;
+        for (int e = lane; e < groups * mn; e += 32) {  // coalesced: the warp's matrices are consecutive
+            const int j = e / mn, c = (e - j * mn) / m, r = e - j * mn - c * m;
+            warp_sh[j * slot + c * ld + r] = e < held ? a[e] : T(0);
         }
         __syncwarp();
         int first_zero = 0;
@@ -114,9 +138,9 @@ __global__ void small_getrf(T* __restrict__ s, int* __restrict__ piv, int* __res
             T* col = sh + k * ld;
             int p = k;
             if (pivot) {
-                p = warp_pivot<T>(col, lane, k, m);
-                if (p != k) {  // uniform: every lane got the same p
-                    for (int c = lane; c < n; c += 32) {
+                p = group_pivot<T>(col, g, width, k, m);
+                if (p != k) {  // uniform per group: its lanes got the same p
+                    for (int c = g; c < n; c += width) {
                         const T t = sh[c * ld + k];
                         sh[c * ld + k] = sh[c * ld + p];
                         sh[c * ld + p] = t;
@@ -124,100 +148,96 @@ __global__ void small_getrf(T* __restrict__ s, int* __restrict__ piv, int* __res
                 }
                 __syncwarp();  // the swapped rows, and every lane's reads of the column, before it changes
             }
-            if (lane == 0) piv[b * kk + k] = p + 1;  // LAPACK's 1-based pivots, out
+            if (g == 0 && active) piv[b * kk + k] = p + 1;  // LAPACK's 1-based pivots, out
             const T d = col[k];
             if (d == T(0)) {
                 if (first_zero == 0) first_zero = k + 1;
             }
-            const int r0 = k + 1 + ((lane - k - 1) & 31);  // this lane's first row below the diagonal
+            const int r0 = k + 1 + ((g - k - 1) & (width - 1));  // this lane's first row below the diagonal
             if (d != T(0) && reciprocal_is_safe(d)) {
                 const T inv = quotient(T(1), d);
-                for (int r = r0; r < m; r += 32) col[r] = col[r] * inv;
+                for (int r = r0; r < m; r += width) col[r] = col[r] * inv;
             } else if (d != T(0)) {  // a subnormal pivot: its reciprocal overflows
-                for (int r = r0; r < m; r += 32) col[r] = quotient(col[r], d);
+                for (int r = r0; r < m; r += width) col[r] = quotient(col[r], d);
             }
-            for (int r = r0; r < m; r += 32) {
+            for (int r = r0; r < m; r += width) {
                 const T l = col[r];
                 for (int c = k + 1; c < n; ++c) {
-                    const T u = sh[c * ld + k];  // the pivot row: same address on every lane
+                    const T u = sh[c * ld + k];  // the pivot row: same address on the group's lanes
                     if (u != T(0)) sh[c * ld + r] -= l * u;
                 }
             }
             __syncwarp();
         }
-        for (int c = 0; c < n; ++c) {
-            for (int r = lane; r < m; r += 32) a[(long long)c * m + r] = sh[c * ld + r];
+        for (int e = lane; e < held; e += 32) {
+            const int j = e / mn, c = (e - j * mn) / m, r = e - j * mn - c * m;
+            a[e] = warp_sh[j * slot + c * ld + r];
         }
-        if (lane == 0) info[b] = first_zero;
+        if (g == 0 && active) info[b] = first_zero;
         __syncwarp();
     }
 }
 
 // Solve with small factorizations (n <= 32), in place on right-hand sides
-// w[t, r, :] (length n, contiguous): one warp per right-hand side, lane i
-// holding x[i]. Problem t uses factorization lu_index[t] (s: column-major
-// n x n matrices, piv0: 0-based pivots), so a broadcast LU is read, never
-// copied. trans: 0 solves A x = b, 1 A^T x = b, 2 A^H x = b.
+// w[t, r, :] (length n, contiguous): a group of width >= n lanes per
+// right-hand side, lane g holding x[g]. Problem t uses factorization
+// lu_index[t] (s: column-major n x n matrices, piv0: 0-based pivots), so a
+// broadcast LU is read, never copied. trans: 0 solves A x = b, 1 A^T x = b, 2
+// A^H x = b.
 template <typename T>
 __global__ void small_getrs(const T* __restrict__ s, const int* __restrict__ piv0,
                             const long long* __restrict__ lu_index, T* __restrict__ w, long long nprob, int nrhs,
-                            int n, int trans) {
+                            int n, int trans, int width) {
     const int lane = threadIdx.x & 31;
+    const int g = lane & (width - 1);
+    const int groups = 32 / width;
     const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     const long long nvec = nprob * nrhs;
-    const bool mine = lane < n;
     const int cj = trans == 2;
-    for (long long v = warp; v < nvec; v += nwarps) {  // uniform per warp
-        const long long f = lu_index[v / nrhs];
+    for (long long v0 = warp * groups; v0 < nvec; v0 += nwarps * groups) {  // uniform per warp
+        const long long v = v0 + lane / width;
+        const bool active = v < nvec;  // false past the end: the group mirrors vector v0's problem, writes nothing
+        const bool mine = active && g < n;
+        const long long f = lu_index[(active ? v : v0) / nrhs];
         const T* a = s + f * (long long)n * n;  // a(i, j) = a[j * n + i]
         const int* p = piv0 + f * n;
-        T* xv = w + v * n;
-        T x = mine ? xv[lane] : T(0);
+        T* xv = w + (active ? v : v0) * n;
+        T x = mine ? xv[g] : T(0);
         if (trans == 0) {
-            for (int i = 0; i < n; ++i) {  // x = P^T b: the swaps in order
+            for (int i = 0; i < n; ++i) {  // x = P^T b: the swaps in order, one shuffle each
                 const int q = p[i];
-                if (q != i) {
-                    const T xi = shfl(x, i);
-                    const T xq = shfl(x, q);
-                    if (lane == i) x = xq;
-                    if (lane == q) x = xi;
-                }
+                x = shfl(x, g == i ? q : g == q ? i : g, width);
             }
             for (int j = 0; j < n; ++j) {  // L y = x, unit diagonal
-                const T xj = shfl(x, j);
-                if (xj != T(0) && mine && lane > j) x -= a[(long long)j * n + lane] * xj;
+                const T xj = shfl(x, j, width);
+                if (xj != T(0) && mine && g > j) x -= a[(long long)j * n + g] * xj;
             }
             for (int j = n - 1; j >= 0; --j) {  // U x = y
-                if (lane == j) x = quotient(x, a[(long long)j * n + j]);
-                const T xj = shfl(x, j);
-                if (xj != T(0) && lane < j) x -= a[(long long)j * n + lane] * xj;
+                if (mine && g == j) x = quotient(x, a[(long long)j * n + j]);
+                const T xj = shfl(x, j, width);
+                if (xj != T(0) && mine && g < j) x -= a[(long long)j * n + g] * xj;
             }
         } else {
             // LAPACK's order (?trsm with a transposed triangle): each entry is its right-hand side minus
             // the products with the entries before it in the solve's order, ascending, then divided;
             // no zero test (trsm makes none on this side). So the CPU backend's bits.
             for (int j = 0; j < n; ++j) {  // op(U) y = b: lower triangular, lane i subtracting j = 0 .. i - 1
-                if (lane == j) x = quotient(x, maybe_conj(a[(long long)j * n + j], cj));
-                const T xj = shfl(x, j);
-                if (mine && lane > j) x -= maybe_conj(a[(long long)lane * n + j], cj) * xj;
+                if (mine && g == j) x = quotient(x, maybe_conj(a[(long long)j * n + j], cj));
+                const T xj = shfl(x, j, width);
+                if (mine && g > j) x -= maybe_conj(a[(long long)g * n + j], cj) * xj;
             }
             for (int i = n - 2; i >= 0; --i) {  // op(L) z = y: unit upper triangular, z_i after every z_k, k > i
                 for (int k = i + 1; k < n; ++k) {  // ascending k: a dot product on lane i, n^2 / 2 shuffles in all
-                    const T zk = shfl(x, k);
-                    if (lane == i) x -= maybe_conj(a[(long long)i * n + k], cj) * zk;
+                    const T zk = shfl(x, k, width);
+                    if (mine && g == i) x -= maybe_conj(a[(long long)i * n + k], cj) * zk;
                 }
             }
-            for (int i = n - 1; i >= 0; --i) {  // x = P z: the swaps in reverse
+            for (int i = n - 1; i >= 0; --i) {  // x = P z: the swaps in reverse, one shuffle each
                 const int q = p[i];
-                if (q != i) {
-                    const T xi = shfl(x, i);
-                    const T xq = shfl(x, q);
-                    if (lane == i) x = xq;
-                    if (lane == q) x = xi;
-                }
+                x = shfl(x, g == i ? q : g == q ? i : g, width);
             }
         }
-        if (mine) xv[lane] = x;
+        if (mine) xv[g] = x;
     }
 }

@@ -2,7 +2,7 @@
 
 Marked ``gpu``: skipped where CuPy or a CUDA device is missing (conftest). The
 shapes reach every dispatch branch (see lu_core/_gpu/_factor.py, _solve.py):
-the warp-per-matrix kernels (n <= 32, both sides of the boundary), cuBLAS
+the small-matrix kernels (n <= 32, both sides of the boundary), cuBLAS
 ``getrfBatched`` / ``getrsBatched`` / ``trsmBatched``, cuSOLVER ``getrf`` /
 ``getrs``, the fused right-hand-side gather and the pivot=False refactor."""
 

@@ -2,7 +2,8 @@
 
 * ``element_strides``: byte strides as element strides, or none.
 * ``getrf_batched_wins``: PyTorch's cuBLAS / cuSOLVER crossover, at its edges.
-* ``own_kernel``: which matrices our warp-per-matrix kernel factors.
+* ``own_kernel``: which matrices our small-matrix kernel factors; ``getrf_width`` / ``getrs_width``: how
+  many lanes serve one matrix (vector) there, and the launches built from them.
 
 The kernels themselves (their index arithmetic, the warp pivot search) run on the host
 under an emulation of CUDA in test_kernels_emulated.py, and on a device in the ``gpu``
@@ -54,6 +55,35 @@ def test_own_kernel_takes_what_fits_in_a_warps_shared_memory(monkeypatch):
     assert not own_kernel(128, 96, f8, h100)  # 99072: over RECT_FACTOR_MAX_BYTES
     assert not own_kernel(127, 96, f8, lambda: 64 * 1024)  # over the device's limit
     assert not own_kernel(33, 33, f4, h100)  # squares: SMALL_FACTOR_MAX_N, never opted in
+
+
+def test_group_widths_pack_small_matrices_and_vectors_into_a_warp():
+    f4, f8, c16 = np.dtype("f4"), np.dtype("f8"), np.dtype("c16")
+    width = _tuning.getrf_width
+    # One lane a row, rounded up to a power of two; 32 rows and more take the warp.
+    assert [width(m, m, f8) for m in (1, 2, 3, 4, 5, 8, 9, 17, 32)] == [1, 2, 4, 4, 8, 8, 16, 32, 32]
+    assert width(100, 17, f8) == 32 and width(3, 64, f4) == 4
+    # Wide matrices: as many a warp as fit 48 KiB. 2 x 100 complex128: 3 x 100 x 16 = 4800 bytes each,
+    # 16 of them 76800 > 49152, 8 fit: 4 lanes. 2 x 1000: 48000 bytes, one a warp: 32 lanes.
+    assert width(2, 100, c16) == 4 and width(2, 1000, c16) == 32
+    for m, n, dt in ((2, 100, c16), (2, 1000, c16), (4, 700, f8), (8, 8, c16), (31, 31, c16), (45, 6, f4)):
+        w = width(m, n, dt)
+        assert w & (w - 1) == 0 and min(m, 32) <= w <= 32
+        assert w == 32 or (32 // w) * _tuning.warp_bytes(m, n, dt) <= _tuning.SHARED_BYTES
+    assert [_tuning.getrs_width(n) for n in (1, 2, 3, 8, 9, 32)] == [1, 2, 4, 8, 16, 32]
+
+
+def test_small_launches_give_each_group_its_matrix_and_its_shared_memory():
+    from lu_core._gpu import _launch
+
+    s = np.zeros((1000, 8, 8))
+    launch = _launch.small_getrf(s, np.zeros((1000, 8), np.int32), np.zeros(1000, np.int32), 8, 8, True)
+    assert launch.args[-1] == 8  # 8 lanes a matrix: 4 matrices a warp
+    assert launch.block == (128,) and launch.grid == (63,)  # 250 warps' worth, 4 warps a block
+    assert launch.shared == 4 * 4 * 9 * 8 * 8  # warps x groups x (ld = 9) x n x 8 bytes
+    w3 = np.zeros((10, 3, 5))
+    launch = _launch.small_getrs(s, np.zeros((1000, 8), np.int32), np.zeros(10, np.int64), w3, 0)
+    assert launch.args[-1] == 8 and launch.grid == (2,)  # 30 vectors, 4 a warp: 8 warps, 4 a block
 
 
 def test_rect_factor_max_bytes_zero_sends_every_rectangular_batch_to_the_library(monkeypatch):

@@ -60,8 +60,8 @@ def _rand(rng, shape, dtype):
 
 
 def _one_block(launch: _launch.Launch, threads: int = 32) -> _launch.Launch:
-    """``launch`` on one block of ``threads`` (a warp per block for the small kernels: one matrix or
-    vector at a time), so each grid-stride loop runs over every item in turn."""
+    """``launch`` on one block of ``threads`` (a warp per block for the small kernels: one round of its
+    groups' matrices or vectors at a time), so each grid-stride loop runs over every item in turn."""
     if launch.source == "small_lu.cu":
         return launch._replace(grid=(1,), block=(32,), shared=launch.shared // (launch.block[0] // 32))
     return launch._replace(grid=(1,), block=(threads,))
@@ -222,6 +222,36 @@ def test_one_warp_strides_over_every_matrix_and_vector(asan, dtype):
         _check_small_getrf(asan, dtype, shape, pivot, "one block")
     for trans in (0, 1, 2):
         _check_small_getrs(asan, dtype, 8, 2, trans, "one block")
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64])
+def test_the_group_width_changes_no_result(asan, dtype, monkeypatch):
+    """Each matrix (vector) is served by ``width`` lanes, ``32 // width`` of them a warp; any power of
+    two gives the same bits (each entry sees the same operations in the same order), including the
+    last warp's groups left without a matrix. The backend's width is the shape's, never the batch's."""
+    rng = np.random.default_rng(11)
+    for shape in ((8, 8), (5, 33), (40, 8), (3, 3)):
+        A = _rand(rng, (7, *shape), dtype)
+        want = _small_getrf(asan, A)
+        for width in (1, 2, 4, 8, 16, 32):
+            monkeypatch.setattr(_tuning, "getrf_width", lambda m, n, dt, width=width: width)
+            got = _small_getrf(asan, A)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g, w, err_msg=f"{shape} width {width}")
+        monkeypatch.undo()
+    A = _rand(rng, (3, 5, 5), dtype)
+    LU, piv, _ = _cpu_factor(A)
+    s, piv0 = np.ascontiguousarray(LU.swapaxes(1, 2)), (piv - 1).astype(np.int32)
+    w0 = _rand(rng, (7, 3, 5), dtype)  # 21 vectors: partial warps at every width
+    for trans in (0, 1, 2):
+        want = w0.copy()
+        _small_getrs(asan, s, piv0, np.array([0, 2, 1, 2, 0, 1, 1], np.int64), want, trans)
+        for width in (8, 16, 32):
+            monkeypatch.setattr(_tuning, "getrs_width", lambda n, width=width: width)
+            got = w0.copy()
+            _small_getrs(asan, s, piv0, np.array([0, 2, 1, 2, 0, 1, 1], np.int64), got, trans)
+            np.testing.assert_array_equal(got, want, err_msg=f"trans {trans} width {width}")
+        monkeypatch.undo()
 
 
 # ---------------------------------------------------------------- subnormal pivots
@@ -461,8 +491,10 @@ def test_a_wrong_tie_rule_is_caught(build_dir, monkeypatch):
 
 
 def test_a_grid_stride_step_that_skips_matrices_is_caught(build_dir, monkeypatch):
-    """With the backend's launch every matrix has its own warp; one warp has to stride."""
-    exe = _broken(build_dir, "address", "small_lu.cu", "b += nwarps)", "b += 2 * nwarps)", monkeypatch)
+    """With the backend's launch every group of lanes has its own matrix; one warp has to stride."""
+    exe = _broken(
+        build_dir, "address", "small_lu.cu", "b0 += nwarps * groups)", "b0 += 2 * nwarps * groups)", monkeypatch
+    )
     A = np.random.default_rng(0).standard_normal((5, 8, 8))
     LU, _, _ = _small_getrf(exe, A, how="one block")
     assert not np.array_equal(LU, _cpu_factor(A)[0])
@@ -473,7 +505,7 @@ BREAKS = {  # a defect put into small_getrf: (build, the source's text, its brok
         "address",
         "const int ld = m | 1;",
         "const int ld = m + 1;",  # odd m: each warp's matrix one row longer than its share
-        (4, 9, 9),
+        (8, 9, 9),  # two matrices a warp, four warps a block: the last one overruns the block's memory
         "AddressSanitizer",
     ),
     "missing __syncwarp": (
@@ -485,8 +517,8 @@ BREAKS = {  # a defect put into small_getrf: (build, the source's text, its brok
     ),
     "divergent shuffles": (
         "address",
-        "for (int off = 16; off > 0; off >>= 1) {",
-        "for (int off = 16; off > (lane & 1); off >>= 1) {",
+        "for (int off = width >> 1; off > 0; off >>= 1) {",
+        "for (int off = width >> 1; off > (g & 1); off >>= 1) {",
         (1, 8, 8),
         "divergent barrier",
     ),
@@ -507,8 +539,8 @@ def test_lanes_at_different_calls_of_one_shuffle_helper_are_caught(build_dir, mo
         build_dir,
         "address",
         "small_lu.cu",
-        "const T xj = shfl(x, j);\n                if (mine && lane > j)",
-        "const T xj = mine ? shfl(x, j) : shfl(x, j);\n                if (mine && lane > j)",
+        "const T xj = shfl(x, j, width);\n                if (mine && g > j)",
+        "const T xj = mine ? shfl(x, j, width) : shfl(x, j, width);\n                if (mine && g > j)",
         monkeypatch,
     )
     A = np.random.default_rng(0).standard_normal((1, 8, 8))

@@ -12,9 +12,13 @@
 //   A thread that never arrives (divergence around a barrier), or that has
 //   left the kernel while others wait, stops the run with a message.
 // * __shfl_sync, __shfl_xor_sync: the warp's lanes exchange values through a
-//   barrier. Only the full mask and width 32 are used by the kernels and
-//   emulated; all 32 lanes must reach the same shuffle, otherwise the run stops
-//   (on the device: undefined behaviour). "The same shuffle" is the same call
+//   barrier. Only the full mask is used by the kernels and emulated; all 32
+//   lanes must reach the same shuffle, otherwise the run stops (on the device:
+//   undefined behaviour). A width below 32 (a power of two) splits the warp
+//   into segments of that many lanes, as CUDA does: __shfl_sync reads lane
+//   src % width of the reader's own segment; __shfl_xor_sync must stay inside
+//   it (CUDA would hand a lane whose partner is in a later segment its own
+//   value; the kernels never ask, so the run stops). "The same shuffle" is the same call
 //   site two calls deep (the intrinsic's site and its caller's, from return
 //   addresses: the build keeps frame pointers and inlines nothing), so a
 //   helper such as small_lu.cu's shfl() called from two places counts twice.
@@ -183,22 +187,28 @@ inline void syncwarp(int line, unsigned mask = 0xffffffffu) {
 // A shuffle: each lane's value through its slot, between two barriers of the warp.
 template <typename T>
 T shuffle(int line, std::uintptr_t site, std::uintptr_t caller, unsigned mask, T value, int width,
-          int source_of(int lane, int arg), int arg) {
+          int source_of(int lane, int arg, int width), int arg) {
     static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 16, "shuffle of this type");
     if (mask != 0xffffffffu) fail("shuffle with a partial mask (not emulated)");
-    if (width != 32) fail("shuffle with a width other than 32 (not emulated)");
+    if (width < 1 || width > 32 || (width & (width - 1))) fail("shuffle width not a power of two up to 32");
     Warp& w = warp();
     const int lane = static_cast<int>(thread_idx.x % 32);
     std::memcpy(w.slot[lane], &value, sizeof(T));
     w.barrier.arrive_and_wait("shuffle", line, site, caller);  // every lane's value is in its slot
+    const int source = source_of(lane, arg, width);
+    if (source < 0) fail("__shfl_xor_sync to a lane outside the segment of width lanes (not emulated)");
     T out;
-    std::memcpy(&out, w.slot[source_of(lane, arg) & 31], sizeof(T));
+    std::memcpy(&out, w.slot[source], sizeof(T));
     w.barrier.arrive_and_wait("shuffle", line, site, caller);  // every lane has read before any slot changes
     return out;
 }
 
-inline int from_lane(int, int src) { return src; }
-inline int xor_lane(int lane, int mask) { return lane ^ mask; }
+// The lane a shuffle reads, in the reader's segment of width lanes; -1 where not emulated.
+inline int from_lane(int lane, int src, int width) { return (lane & ~(width - 1)) | (src & (width - 1)); }
+inline int xor_lane(int lane, int mask, int width) {
+    const int source = lane ^ mask;
+    return (source & ~(width - 1)) == (lane & ~(width - 1)) && source < 32 ? source : -1;
+}
 
 // Called by the intrinsics' macros, never inlined: return address 0 is the intrinsic's site, 1 its caller's
 // (safe here: the whole build keeps frame pointers).
