@@ -1,8 +1,13 @@
 """Where each problem's block of a broadcast operand starts, as element offsets (host side).
 
 The GPU kernels read a broadcast ``B`` through these offsets and its element
-strides instead of a materialised copy. Plain NumPy, so the index arithmetic
-is tested without a device (tests/lu_core/_gpu/test_broadcast.py).
+strides instead of a materialised copy. Small batches get the offsets computed
+here (:func:`block_offsets`, kept on the device by ``_constants``); large ones
+get them computed on the device (``kernels.cu``'s ``batch_offsets``) from
+:func:`offset_terms`, without a host array of one entry per problem (at 100000
+problems ``block_offsets`` alone took ~1 ms of host time, beside its copy up).
+Plain NumPy, so the index arithmetic is tested without a device
+(tests/lu_core/_gpu/test_host_logic.py).
 """
 
 from __future__ import annotations
@@ -27,3 +32,29 @@ def block_offsets(batch: tuple[int, ...], batch_strides: tuple[int, ...], out_ba
         shape[d] = size
         off = off + (np.arange(size, dtype=np.int64) * st).reshape(shape)
     return np.ascontiguousarray(np.broadcast_to(off, out_batch)).reshape(-1)
+
+
+#: Terms ``batch_offsets`` takes; operands whose offsets need more are computed on the host.
+MAX_TERMS = 4
+
+
+def offset_terms(
+    batch: tuple[int, ...], batch_strides: tuple[int, ...], out_batch: tuple[int, ...]
+) -> tuple[tuple[int, int, int], ...]:
+    """:func:`block_offsets` as ``(inner, size, stride)`` terms: the offset of problem ``t`` is the sum
+    of ``(t // inner) % size * stride``. A broadcast dimension (or one of size 1) adds nothing and is
+    left out; neighbours that step through memory as one dimension are merged, so a contiguous or
+    evenly strided operand takes one term, whatever its number of batch dimensions."""
+    lead = len(out_batch) - len(batch)
+    terms: list[tuple[int, int, int]] = []
+    inner = 1
+    for d in range(len(out_batch) - 1, lead - 1, -1):  # innermost first
+        size, st = out_batch[d], batch_strides[d - lead]
+        if size > 1 and batch[d - lead] == size and st != 0:
+            if terms and terms[-1][0] * terms[-1][1] == inner and terms[-1][2] * terms[-1][1] == st:
+                i, s, stride = terms[-1]
+                terms[-1] = (i, s * size, stride)  # one step of this dimension = size of the previous
+            else:
+                terms.append((inner, size, st))
+        inner *= size
+    return tuple(terms)

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from lu_core._gpu import _sources, _tuning
+from lu_core._gpu import _broadcast, _sources, _tuning
 
 #: Lanes of a warp: shared by the small kernels' groups of lanes (one group per matrix or vector).
 WARP = 32
@@ -104,6 +104,13 @@ def unpack(
         np.int32(want_p),
     )
     return _elementwise("kernels.cu", f"unpack<{_ctype(src.dtype)}>", total, args)
+
+
+def batch_offsets(out: Any, terms: tuple[tuple[int, int, int], ...]) -> Launch:
+    """``out`` (int64, one entry per problem) from ``_broadcast.offset_terms`` (at most ``MAX_TERMS``)."""
+    padded = [*terms, *[(1, 1, 0)] * (_broadcast.MAX_TERMS - len(terms))]
+    args = (out, np.int64(out.size), *(np.int64(v) for term in padded for v in term))
+    return _elementwise("kernels.cu", "batch_offsets", out.size, args)
 
 
 def gather_rhs(

@@ -24,8 +24,8 @@ import cupy as cp
 import numpy as np
 
 from lu_core._gpu import _launch, _libs, _sources, _tuning
-from lu_core._gpu._broadcast import block_offsets, element_strides
-from lu_core._gpu._constants import on_device
+from lu_core._gpu._broadcast import MAX_TERMS, block_offsets, element_strides, offset_terms
+from lu_core._gpu._constants import MAX_BYTES, on_device
 from lu_core._gpu._libs import cublas, cusolver
 from lu_core._gpu._pivots import permutations
 
@@ -35,13 +35,21 @@ _CUBLAS_OP = {_N: "CUBLAS_OP_N", _T: "CUBLAS_OP_T", _C: "CUBLAS_OP_C"}
 
 def _offsets(rhs: cp.ndarray, out_batch: tuple[int, ...]) -> tuple[cp.ndarray, cp.ndarray, int, int]:
     """``rhs`` (or a contiguous copy, where its strides are not whole elements), each problem's
-    block offset on the device, and the element strides of its right-hand-side and row axes."""
+    block offset on the device, and the element strides of its right-hand-side and row axes.
+    Offsets of few problems are computed here and kept on the device (the same arrays recur);
+    many problems' are computed on the device, one launch, nothing per problem on the host."""
     strides = element_strides(rhs.strides, rhs.dtype.itemsize)
     if strides is None:
         rhs = cp.ascontiguousarray(rhs)
         strides = element_strides(rhs.strides, rhs.dtype.itemsize)
-    offsets = block_offsets(tuple(rhs.shape[:-2]), strides[:-2], out_batch)
-    return rhs, on_device(offsets), strides[-2], strides[-1]
+    batch, nprob = tuple(rhs.shape[:-2]), math.prod(out_batch)
+    if nprob * 8 > MAX_BYTES:
+        terms = offset_terms(batch, strides[:-2], out_batch)
+        if len(terms) <= MAX_TERMS:
+            offsets = cp.empty(nprob, dtype=cp.int64)
+            _sources.run(_launch.batch_offsets(offsets, terms))
+            return rhs, offsets, strides[-2], strides[-1]
+    return rhs, on_device(block_offsets(batch, strides[:-2], out_batch)), strides[-2], strides[-1]
 
 
 def lu_solve(

@@ -137,6 +137,21 @@ __global__ void unpack(const T* __restrict__ src, T* __restrict__ lower, T* __re
 // form. The output w[t, r, :] (column r of problem t's right-hand side,
 // length n) is contiguous, the layout cuBLAS and the small solver read.
 //
+// Where each problem's block of an operand starts (element offsets): out[t] =
+// sum over the terms of ((t / inner) % size) * stride, for up to four terms
+// (lu_core/_gpu/_broadcast.py's offset_terms: the operand's batch dimensions,
+// broadcast ones left out, neighbours merged; unused terms are (1, 1, 0)). The
+// same values as block_offsets computes on the host, without a host array of
+// one entry per problem or its copy to the device.
+__global__ void batch_offsets(long long* __restrict__ out, long long total, long long i0, long long n0,
+                              long long s0, long long i1, long long n1, long long s1, long long i2, long long n2,
+                              long long s2, long long i3, long long n3, long long s3) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
+        out[t] = (t / i0) % n0 * s0 + (t / i1) % n1 * s1 + (t / i2) % n2 * s2 + (t / i3) % n3 * s3;
+    }
+}
+
 // b is read through element strides: problem t's block starts at
 // b + b_offset[t] (so a broadcast B is never copied first), right-hand side r
 // at + r * s_rhs and row i at + i * s_row. With use_perm, row i of the output

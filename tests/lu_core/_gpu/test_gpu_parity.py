@@ -128,6 +128,9 @@ def test_unpack_bit_identical_to_cpu(rng, dtype):
         ((4,), (4,), 40),  # getrsBatched (nrhs <= 2) or trsmBatched
         ((1,), (7,), 100),  # broadcast LU on the cuBLAS paths
         ((2,), (2,), 150),  # trsmBatched beyond getrsBatched's n
+        ((600,), (600,), 5),  # B's offsets computed on the device (over 512 problems): one term
+        ((1, 30), (40, 1), 4),  # the same, broadcast both ways (1200 problems)
+        ((3, 1), (3, 200), 40),  # device offsets on the cuBLAS paths
     ],
     ids=str,
 )

@@ -1,6 +1,7 @@
 """The GPU backend's host-side logic, checked without a device.
 
-* ``element_strides``: byte strides as element strides, or none.
+* ``element_strides``: byte strides as element strides, or none; ``offset_terms``: ``block_offsets`` as
+  the few terms the device computes them from.
 * ``getrf_batched_wins``: PyTorch's cuBLAS / cuSOLVER crossover, at its edges.
 * ``own_kernel``: which matrices our small-matrix kernel factors; ``getrf_width`` / ``getrs_width``: how
   many lanes serve one matrix (vector) there, and the launches built from them.
@@ -21,6 +22,37 @@ from lu_core._gpu._broadcast import element_strides
 def test_element_strides_refuses_partial_elements():
     assert element_strides((16, 8), 8) == (2, 1)
     assert element_strides((12, 4), 8) is None
+
+
+def _from_terms(terms, nprob):
+    t = np.arange(nprob, dtype=np.int64)
+    return sum((t // i % s * st for i, s, st in terms), np.zeros(nprob, np.int64))
+
+
+# (operand batch, its element strides, the output batch, terms expected)
+OFFSET_CASES = [
+    ((1000,), (24,), (1000,), 1),  # contiguous
+    ((10, 20, 30), (7200, 360, 12), (10, 20, 30), 1),  # contiguous, several dimensions: merged into one
+    ((10, 20, 30), (7200, 360, -12), (10, 20, 30), 2),  # reversed innermost: no longer one step
+    ((1, 20, 30), (0, 360, 12), (10, 20, 30), 1),  # broadcast outer dimension
+    ((10, 1, 30), (360, 12, 12), (10, 20, 30), 2),  # broadcast middle dimension: its neighbours stay apart
+    ((30,), (12,), (4, 5, 30), 1),  # fewer dimensions than the output
+    ((), (), (7, 9), 0),  # one block for every problem: offset 0
+    ((2, 3, 2, 3, 2), (360, 100, 40, 11, 3), (2, 3, 2, 3, 2), 5),  # no two neighbours mergeable: host
+    ((4, 1, 4, 1, 4, 1, 4), (2000, 0, 300, 0, 40, 0, 5), (4, 3, 4, 3, 4, 3, 4), 4),
+    ((6, 1, 1), (8, 8, 8), (6, 1, 1), 1),  # size-1 dimensions, whatever their strides
+]
+
+
+def test_offset_terms_give_block_offsets():
+    from lu_core._gpu._broadcast import MAX_TERMS, block_offsets, offset_terms
+
+    for batch, strides, out_batch, count in OFFSET_CASES:
+        terms = offset_terms(batch, strides, out_batch)
+        assert len(terms) == count, (batch, terms)
+        nprob = int(np.prod(out_batch))
+        np.testing.assert_array_equal(_from_terms(terms, nprob), block_offsets(batch, strides, out_batch))
+    assert MAX_TERMS == 4  # the kernel's parameters
 
 
 def test_getrf_batched_heuristic_is_pytorchs():

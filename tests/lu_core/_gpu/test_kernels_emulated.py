@@ -395,6 +395,21 @@ def test_gather_rhs_reads_b_through_its_strides_and_broadcast(asan, dtype, layou
     _same(w, np.conj(want) if conjugate else want, dtype)
 
 
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_batch_offsets_gives_block_offsets(asan, how):
+    """Large batches' offsets, computed on the device from ``offset_terms`` (``_solve._offsets``), are
+    ``block_offsets``' (each layout above, and larger batches with broadcast and reversed dimensions)."""
+    cases = [(LAYOUTS[name][0](np.zeros(200)), LAYOUTS[name][1]) for name in sorted(LAYOUTS)]
+    big = np.zeros((40, 1, 30, 2, 3))[::-1, :, ::3]  # 40 x 1 x 10 blocks, reversed and strided
+    cases.append((big, (7, 40, 6, 10)))
+    for rhs, out_batch in cases:
+        strides = _broadcast.element_strides(rhs.strides, rhs.itemsize)
+        terms = _broadcast.offset_terms(tuple(rhs.shape[:-2]), strides[:-2], out_batch)
+        out = np.full(int(np.prod(out_batch)), -7, np.int64)
+        _run(asan, _launch.batch_offsets(out, terms), how)
+        np.testing.assert_array_equal(out, _broadcast.block_offsets(tuple(rhs.shape[:-2]), strides[:-2], out_batch))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("how", LAUNCHES)
 def test_scatter_rows_applies_the_inverse_permutation(asan, dtype, how):
