@@ -9,7 +9,7 @@
 // complex<double>).
 //
 // Groups: `width` lanes (a power of two, 1 .. 32, chosen by the host from the
-// shape: lu_core/_gpu/_tuning.py's small_width) serve one matrix or vector, so
+// shape: lu_core/_gpu/_tuning.py's getrf_width / getrs_width) serve one matrix or vector, so
 // a warp holds 32 / width of them at once: an 8 x 8 matrix takes 8 lanes, not a
 // whole warp with 24 idle. Shuffles pass `width`, so each group exchanges
 // values among its own lanes; every lane of the warp reaches every shuffle
@@ -68,8 +68,7 @@ __device__ __forceinline__ complex<T> shfl(complex<T> v, int src, int width) {
 template <typename T>
 __device__ __forceinline__ int group_pivot(const T* col, int g, int width, int k, int m) {
     typedef decltype(abs1(T())) R;
-    const R at_k = abs1(col[k]);  // the same address on the group's lanes: a broadcast. Read before the
-                                  // shuffles, as are the rows below: no lane swaps rows before all have read
+    const R at_k = abs1(col[k]);  // the same address on the group's lanes: a broadcast
     R v = R(-1);
     int idx = m;
     for (int r = k + ((g - k) & (width - 1)); r < m; r += width) {  // this lane's rows from k on
@@ -79,6 +78,10 @@ __device__ __forceinline__ int group_pivot(const T* col, int g, int width, int k
             idx = r;
         }
     }
+    if (at_k != at_k) {  // NaN diagonal: it stays the pivot. Through the butterfly (k wins every tie), so
+        v = R(1) / R(0);  // that every read of the column, at_k's included, feeds the shuffles: no lane
+        idx = k;          // swaps rows (after its shuffles) before the others have read
+    }
     for (int off = width >> 1; off > 0; off >>= 1) {
         const R ov = __shfl_xor_sync(LU_CORE_FULL_MASK, v, off, width);
         const int oi = __shfl_xor_sync(LU_CORE_FULL_MASK, idx, off, width);
@@ -87,25 +90,26 @@ __device__ __forceinline__ int group_pivot(const T* col, int g, int width, int k
             idx = oi;
         }
     }
-    return at_k != at_k ? k : idx;  // NaN diagonal: nothing compares greater
+    return idx;
 }
 
 // LU of nbatch m x n matrices in place in s, with 1-based LAPACK pivots (piv,
 // nbatch x min(m, n)) and info per matrix. Without pivoting the pivots are
-// still written (1 .. k, as PyTorch does). Any m and n whose matrices fit in a
-// warp's slice of shared memory (the host checks: groups * ld * n * sizeof(T),
-// ld = m made odd): small square matrices, and rectangular ones of any batch,
-// where the libraries would need a call per matrix.
+// still written (1 .. k, as PyTorch does). Any m and n whose matrix fits in
+// shared memory (the host checks ld * n * sizeof(T), ld = m made odd, and picks a
+// width whose groups * that fit 48 KiB, or one matrix a warp): small square
+// matrices, and rectangular ones of any batch, where the libraries would need a
+// call per matrix.
 //
 // Each round a warp takes the next 32 / width matrices, consecutive in s, and
 // copies them with one coalesced sweep to its slice of dynamic shared memory
 // (each column-major with leading dimension ld, odd: a column's rows are
-// consecutive words for the lanes, and the row swap, lane c reading column c,
-// strides over the banks instead of hitting one); each group factors its own
-// there, and the warp copies them back. The pivot row is read by every lane of
-// the group at once (a broadcast), and the row swap is spread over the group's
-// lanes by column. Loops are not unrolled: one instantiation per dtype
-// compiles in seconds and serves every shape.
+// consecutive words for the lanes, and the row swap, lane g reading columns g,
+// g + width, ..., strides over the banks instead of hitting one); each group
+// factors its own there, and the warp copies them back. The pivot row is read
+// by every lane of the group at once (a broadcast), and the row swap is spread
+// over the group's lanes by column. Loops are not unrolled: one instantiation
+// per dtype compiles in seconds and serves every shape.
 // Launch: blockDim.x = 32 * warps, shared memory = warps * groups * ld * n *
 // sizeof(T), groups = 32 / width.
 template <typename T>
@@ -222,13 +226,13 @@ __global__ void small_getrs(const T* __restrict__ s, const int* __restrict__ piv
             // LAPACK's order (?trsm with a transposed triangle): each entry is its right-hand side minus
             // the products with the entries before it in the solve's order, ascending, then divided;
             // no zero test (trsm makes none on this side). So the CPU backend's bits.
-            for (int j = 0; j < n; ++j) {  // op(U) y = b: lower triangular, lane i subtracting j = 0 .. i - 1
+            for (int j = 0; j < n; ++j) {  // op(U) y = b: lower triangular, lane g subtracting j = 0 .. g - 1
                 if (mine && g == j) x = quotient(x, maybe_conj(a[(long long)j * n + j], cj));
                 const T xj = shfl(x, j, width);
                 if (mine && g > j) x -= maybe_conj(a[(long long)g * n + j], cj) * xj;
             }
             for (int i = n - 2; i >= 0; --i) {  // op(L) z = y: unit upper triangular, z_i after every z_k, k > i
-                for (int k = i + 1; k < n; ++k) {  // ascending k: a dot product on lane i, n^2 / 2 shuffles in all
+                for (int k = i + 1; k < n; ++k) {  // ascending k: a dot product on lane g = i, n^2 / 2 shuffles
                     const T zk = shfl(x, k, width);
                     if (mine && g == i) x -= maybe_conj(a[(long long)i * n + k], cj) * zk;
                 }

@@ -114,7 +114,8 @@ def test_small_launches_give_each_group_its_matrix_and_its_shared_memory():
     assert launch.block == (128,) and launch.grid == (63,)  # 250 warps' worth, 4 warps a block
     assert launch.shared == 4 * 4 * 9 * 8 * 8  # warps x groups x (ld = 9) x n x 8 bytes
     w3 = np.zeros((10, 3, 5))
-    launch = _launch.small_getrs(s, np.zeros((1000, 8), np.int32), np.zeros(10, np.int64), w3, 0)
+    lu5 = np.zeros((10, 5, 5))
+    launch = _launch.small_getrs(lu5, np.zeros((10, 5), np.int32), np.zeros(10, np.int64), w3, 0)
     assert launch.args[-1] == 8 and launch.grid == (2,)  # 30 vectors, 4 a warp: 8 warps, 4 a block
 
 

@@ -224,6 +224,10 @@ def test_one_warp_strides_over_every_matrix_and_vector(asan, dtype):
         _check_small_getrs(asan, dtype, 8, 2, trans, "one block")
 
 
+def _bits(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x).view(np.uint8)
+
+
 @pytest.mark.parametrize("dtype", [np.float64, np.complex64])
 def test_the_group_width_changes_no_result(asan, dtype, monkeypatch):
     """Each matrix (vector) is served by ``width`` lanes, ``32 // width`` of them a warp; any power of
@@ -232,12 +236,15 @@ def test_the_group_width_changes_no_result(asan, dtype, monkeypatch):
     rng = np.random.default_rng(11)
     for shape in ((8, 8), (5, 33), (40, 8), (3, 3)):
         A = _rand(rng, (7, *shape), dtype)
+        odd = rng.integers(-2, 3, size=(6, *shape)).astype(dtype)  # ties, zero columns, NaN and Inf
+        odd[0, 0, 0], odd[1, -1, 0], odd[2, 1, 1], odd[3] = np.nan, np.nan, np.inf, 0
+        A = np.concatenate([A, odd])
         want = _small_getrf(asan, A)
         for width in (1, 2, 4, 8, 16, 32):
             monkeypatch.setattr(_tuning, "getrf_width", lambda m, n, dt, width=width: width)
             got = _small_getrf(asan, A)
-            for g, w in zip(got, want, strict=True):
-                np.testing.assert_array_equal(g, w, err_msg=f"{shape} width {width}")
+            for g, w in zip(got, want, strict=True):  # bits: -0.0 is not 0.0, NaN payloads count
+                np.testing.assert_array_equal(_bits(g), _bits(w), err_msg=f"{shape} width {width}")
         monkeypatch.undo()
     A = _rand(rng, (3, 5, 5), dtype)
     LU, piv, _ = _cpu_factor(A)
@@ -250,7 +257,7 @@ def test_the_group_width_changes_no_result(asan, dtype, monkeypatch):
             monkeypatch.setattr(_tuning, "getrs_width", lambda n, width=width: width)
             got = w0.copy()
             _small_getrs(asan, s, piv0, np.array([0, 2, 1, 2, 0, 1, 1], np.int64), got, trans)
-            np.testing.assert_array_equal(got, want, err_msg=f"trans {trans} width {width}")
+            np.testing.assert_array_equal(_bits(got), _bits(want), err_msg=f"trans {trans} width {width}")
         monkeypatch.undo()
 
 
@@ -461,11 +468,16 @@ def test_no_races_between_the_threads_of_a_block(tsan, dtype):
     (shared memory, shuffles; square and rectangular, several warps a block), the solves (shuffles;
     all three ``trans``), the row orders in shared memory, the refactorization (__syncthreads)."""
     rng = np.random.default_rng(8)
-    for shape in ((8, 8), (32, 32), (45, 6), (6, 45)):
+    # Widths 8, 32, 32, 8, 2, 4, 16 (lanes a matrix: one row each); 6 matrices: partial warps.
+    for shape in ((8, 8), (32, 32), (45, 6), (6, 45), (2, 2), (3, 3), (12, 12)):
         A = _rand(rng, (6, *shape), dtype)
         LU, piv, _ = _small_getrf(tsan, A)
         np.testing.assert_array_equal(piv, _cpu_factor(A)[1])
         _same(LU, _cpu_factor(A)[0], dtype, _cpu_kernel_factors(A))
+    for shape in ((1, 5), (3, 3)):  # width 1 (no shuffles: only __syncwarp orders), and rounds a warp loops over
+        A = _rand(rng, (40, *shape), dtype)
+        LU, piv, _ = _small_getrf(tsan, A, how="one block")
+        np.testing.assert_array_equal(piv, _cpu_factor(A)[1])
     A = _rand(rng, (3, 8, 8), dtype)
     LU, piv, _ = _cpu_factor(A)
     s = np.ascontiguousarray(LU.swapaxes(1, 2))

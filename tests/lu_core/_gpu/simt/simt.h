@@ -26,8 +26,8 @@
 //   on the device it does not: a lane's write read by another lane after a
 //   shuffle but no __syncwarp goes unreported. (The other way, a read before a
 //   shuffle whose result another lane needs before it writes, is safe on the
-//   device by causality, and the kernels rely on it: warp_pivot's reads, then
-//   the row swap.)
+//   device by causality, and the kernels rely on it: group_pivot's reads, all
+//   of which feed its shuffles, then the row swap.)
 // * dynamic shared memory: a heap block of exactly the launch's size per
 //   block, so AddressSanitizer reports any access beyond it; global buffers
 //   are heap blocks of exactly their arrays' sizes (runner.cpp).
