@@ -45,6 +45,8 @@ def offset_terms(
     of ``(t // inner) % size * stride``. A broadcast dimension (or one of size 1) adds nothing and is
     left out; neighbours that step through memory as one dimension are merged, so a contiguous or
     evenly strided operand takes one term, whatever its number of batch dimensions."""
+    if 0 in out_batch:
+        return ()  # no problems: nothing to offset (and no term may divide by an inner of 0)
     lead = len(out_batch) - len(batch)
     terms: list[tuple[int, int, int]] = []
     inner = 1

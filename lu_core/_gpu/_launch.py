@@ -108,6 +108,8 @@ def unpack(
 
 def batch_offsets(out: Any, terms: tuple[tuple[int, int, int], ...]) -> Launch:
     """``out`` (int64, one entry per problem) from ``_broadcast.offset_terms`` (at most ``MAX_TERMS``)."""
+    if len(terms) > _broadcast.MAX_TERMS or any(inner < 1 or size < 1 for inner, size, _ in terms):
+        raise ValueError(f"batch_offsets takes at most {_broadcast.MAX_TERMS} terms of positive sizes: {terms}")
     padded = [*terms, *[(1, 1, 0)] * (_broadcast.MAX_TERMS - len(terms))]
     args = (out, np.int64(out.size), *(np.int64(v) for term in padded for v in term))
     return _elementwise("kernels.cu", "batch_offsets", out.size, args)

@@ -132,11 +132,6 @@ __global__ void unpack(const T* __restrict__ src, T* __restrict__ lower, T* __re
     }
 }
 
-// Right-hand sides for the solvers, in one pass: the broadcast copy of B, the
-// row permutation of A X = B, and the conjugation of X A^H = B's transposed
-// form. The output w[t, r, :] (column r of problem t's right-hand side,
-// length n) is contiguous, the layout cuBLAS and the small solver read.
-//
 // Where each problem's block of an operand starts (element offsets): out[t] =
 // sum over the terms of ((t / inner) % size) * stride, for up to four terms
 // (lu_core/_gpu/_broadcast.py's offset_terms: the operand's batch dimensions,
@@ -152,6 +147,11 @@ __global__ void batch_offsets(long long* __restrict__ out, long long total, long
     }
 }
 
+// Right-hand sides for the solvers, in one pass: the broadcast copy of B, the
+// row permutation of A X = B, and the conjugation of X A^H = B's transposed
+// form. The output w[t, r, :] (column r of problem t's right-hand side,
+// length n) is contiguous, the layout cuBLAS and the small solver read.
+//
 // b is read through element strides: problem t's block starts at
 // b + b_offset[t] (so a broadcast B is never copied first), right-hand side r
 // at + r * s_rhs and row i at + i * s_row. With use_perm, row i of the output

@@ -155,6 +155,31 @@ def test_solve_reads_strided_and_broadcast_b(rng, n, dtype):
         assert_close(X, X_cpu, dtype, n, scale=max(1.0, float(np.abs(X_cpu).max())))
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64])
+def test_solve_reads_strided_broadcast_b_of_many_problems(rng, dtype):
+    """Over 512 problems: B's offsets computed on the device, from two to four terms (reversed,
+    strided, broadcast), and on the host where a view needs five."""
+    from lu_core._gpu._broadcast import element_strides, offset_terms
+
+    n = 4
+    base = random_matrix(rng, (3, 80, 12, n, 2), dtype)
+    five = random_matrix(rng, (4, 3, 4, 3, 4, n, 2), dtype)[:, ::-1, :, ::-1]  # no neighbours merge
+    cases = [  # (A's batch, B, B's terms)
+        ((3, 1, 1), base[::-1, ::-2, 1::2], 2),  # 3 x 40 x 6 problems, the reversed pair merged
+        ((3, 1, 1), base[:, None, ::3, :], 3),  # 3 x 3 x 27 x 12, B broadcast in its second dimension
+        ((3, 1), five, 5),  # 576 problems, on the host
+    ]
+    for a_batch, B, count in cases:
+        out_batch = np.broadcast_shapes(a_batch, B.shape[:-2])
+        assert np.prod(out_batch) > 512
+        strides = element_strides(B.strides, B.itemsize)[:-2]
+        assert len(offset_terms(B.shape[:-2], strides, out_batch)) == count
+        A = well_conditioned(rng, (*a_batch, n, n), dtype)
+        X = cp.asnumpy(lu_core.lu_solve(*lu_core.lu_factor(cp.asarray(A)), cp.asarray(B)))
+        X_cpu = lu_core.lu_solve(*lu_core.lu_factor(A), B)
+        assert_close(X, X_cpu, dtype, n, scale=max(1.0, float(np.abs(X_cpu).max())))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(4, 6, 6), (3, 40, 40), (1, 70, 70), (2, 40, 60)], ids=str)
 def test_solve_and_lu_use_own_pivots(rng, shape, dtype):

@@ -53,6 +53,37 @@ def test_offset_terms_give_block_offsets():
         nprob = int(np.prod(out_batch))
         np.testing.assert_array_equal(_from_terms(terms, nprob), block_offsets(batch, strides, out_batch))
     assert MAX_TERMS == 4  # the kernel's parameters
+    assert offset_terms((3, 0), (5, 1), (3, 0)) == ()  # no problems
+
+
+def test_offset_terms_give_block_offsets_for_random_views_and_broadcasts():
+    """Real views (sliced, reversed, transposed) broadcast to random output batches, 0 to 6 terms."""
+    from lu_core._gpu._broadcast import block_offsets, element_strides, offset_terms
+
+    rng = np.random.default_rng(12)
+    counts = set()
+    for _ in range(400):
+        ndim = int(rng.integers(0, 6))
+        base = np.zeros([int(rng.integers(1, 5)) * 2 for _ in range(ndim)] + [2, 3])
+        view = base[tuple(slice(None, None, int(rng.choice([1, 2, -1, -2]))) for _ in range(ndim))]
+        if ndim > 1 and rng.random() < 0.3:
+            view = np.swapaxes(view, 0, ndim - 1)
+        batch = list(view.shape[:-2])
+        for d in range(ndim):
+            if rng.random() < 0.25:
+                view = view[(slice(None),) * d + (slice(0, 1),)]  # size 1: broadcast in the output
+                batch[d] = 1
+        out_batch = tuple(int(rng.integers(1, 4)) for _ in range(int(rng.integers(0, 2)))) + tuple(
+            int(rng.integers(1, 4)) if s == 1 else s for s in view.shape[:-2]
+        )
+        strides = element_strides(view.strides, view.itemsize)[:-2]
+        terms = offset_terms(tuple(view.shape[:-2]), strides, out_batch)
+        counts.add(len(terms))
+        nprob = int(np.prod(out_batch))
+        np.testing.assert_array_equal(
+            _from_terms(terms, nprob), block_offsets(tuple(view.shape[:-2]), strides, out_batch)
+        )
+    assert {0, 1, 2, 3} <= counts
 
 
 def test_getrf_batched_heuristic_is_pytorchs():
