@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from lu_core._backend import Backend, backend_for
-from lu_core._batching import broadcast_index, unravel
+from lu_core._batching import unravel
 from lu_core._errors import ShapeError, SingularMatrixError
 from lu_core._validate import (
     check_pivot_dtype,
@@ -330,8 +330,7 @@ def _solve_factored(
     """The solve once the arguments are checked: promote, index the broadcast, delegate."""
     dtype = common_dtype(lu_.dtype, b.dtype)
     lu_, b = be.astype(lu_, dtype), be.astype(b, dtype)
-    index = broadcast_index(tuple(lu_.shape[:-2]), out_batch)
-    return be.lu_solve(lu_, piv0, b, index, out_batch, left, adjoint)
+    return be.lu_solve(lu_, piv0, b, None, out_batch, left, adjoint)  # None: LU broadcast to out_batch
 
 
 def solve(A: Any, B: Any, *, left: bool = True, check_errors: bool = True) -> Any:

@@ -51,10 +51,19 @@ class Backend(Protocol):
         ``unpack_data``. ``piv0`` comes from :meth:`check_pivots`."""
 
     def lu_solve(
-        self, lu: Any, piv0: Any, b: Any, lu_index: np.ndarray, out_batch: tuple[int, ...], left: bool, adjoint: bool
+        self,
+        lu: Any,
+        piv0: Any,
+        b: Any,
+        lu_index: np.ndarray | None,
+        out_batch: tuple[int, ...],
+        left: bool,
+        adjoint: bool,
     ) -> Any:
         """Solve problem ``t`` of the flattened ``out_batch`` with factorization
-        ``lu_index[t]`` of the flattened LU batch; ``b`` broadcasts to ``out_batch``."""
+        ``lu_index[t]`` of the flattened LU batch; ``b`` broadcasts to ``out_batch``.
+        ``lu_index=None``: LU's batch broadcast to ``out_batch`` (``broadcast_index``), which a
+        backend may compute where it reads it (the GPU: on the device, for large batches)."""
 
     def solve_fused(self, a: Any, b: Any, out_batch: tuple[int, ...], left: bool) -> tuple[Any, Any] | None:
         """``(X, info)`` of ``solve`` (square ``a``, ``b`` already a matrix batch, same dtype) in one

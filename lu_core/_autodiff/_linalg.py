@@ -22,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from lu_core._backend import Backend
-from lu_core._batching import broadcast_index
 
 
 def non_finite_propagates(function: Callable[..., Any]) -> Callable[..., Any]:
@@ -77,14 +76,14 @@ def solve_triangular(be: Backend, xp: ModuleType, T: Any, B: Any, *, lower: bool
     out_batch = tuple(np.broadcast_shapes(t_batch, b_batch))
     identity = xp.broadcast_to(xp.arange(1, k + 1, dtype=xp.int32), (*t_batch, k))
     piv0 = be.check_pivots(identity, k)
-    return be.lu_solve(packed, piv0, B, broadcast_index(t_batch, out_batch), out_batch, left, adjoint)
+    return be.lu_solve(packed, piv0, B, None, out_batch, left, adjoint)  # packed's batch is t_batch
 
 
 def lu_solve(be: Backend, LU: Any, piv0: Any, B: Any, *, left: bool, adjoint: bool) -> Any:
     """The backend's solve with a packed factorization, ``B`` broadcast against it."""
     lu_batch, b_batch = tuple(LU.shape[:-2]), tuple(B.shape[:-2])
     out_batch = tuple(np.broadcast_shapes(lu_batch, b_batch))
-    return be.lu_solve(LU, piv0, B, broadcast_index(lu_batch, out_batch), out_batch, left, adjoint)
+    return be.lu_solve(LU, piv0, B, None, out_batch, left, adjoint)
 
 
 def row_gather(xp: ModuleType, X: Any, perm: Any | None) -> Any:

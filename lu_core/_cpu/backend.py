@@ -187,13 +187,15 @@ class CpuBackend:
         lu: np.ndarray,
         piv0: np.ndarray,
         b: np.ndarray,
-        lu_index: np.ndarray,
+        lu_index: np.ndarray | None,
         out_batch: tuple[int, ...],
         left: bool,
         adjoint: bool,
     ) -> np.ndarray:
         n = lu.shape[-1]
         nlu = math.prod(lu.shape[:-2])
+        if lu_index is None:
+            lu_index = broadcast_index(tuple(lu.shape[:-2]), out_batch)
         s = _transposed(lu.reshape(nlu, n, n))
         complex_ = lu.dtype.kind == "c"
         # The system is solved for M = B (left) or B^T (right), n x nrhs.

@@ -12,6 +12,8 @@ Plain NumPy, so the index arithmetic is tested without a device
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -60,3 +62,10 @@ def offset_terms(
                 terms.append((inner, size, st))
         inner *= size
     return tuple(terms)
+
+
+def index_terms(batch: tuple[int, ...], out_batch: tuple[int, ...]) -> tuple[tuple[int, int, int], ...]:
+    """``broadcast_index(batch, out_batch)`` (which matrix of a ``batch`` each problem uses) as
+    :func:`offset_terms`: the offsets of a contiguous batch counted in matrices."""
+    matrices = tuple(math.prod(batch[d + 1 :]) for d in range(len(batch)))  # row-major strides
+    return offset_terms(batch, matrices, out_batch)

@@ -23,8 +23,9 @@ import math
 import cupy as cp
 import numpy as np
 
+from lu_core._batching import broadcast_index
 from lu_core._gpu import _launch, _libs, _sources, _tuning
-from lu_core._gpu._broadcast import MAX_TERMS, block_offsets, element_strides, offset_terms
+from lu_core._gpu._broadcast import MAX_TERMS, block_offsets, element_strides, index_terms, offset_terms
 from lu_core._gpu._constants import MAX_BYTES, on_device
 from lu_core._gpu._libs import cublas, cusolver
 from lu_core._gpu._pivots import permutations
@@ -56,7 +57,7 @@ def lu_solve(
     lu: cp.ndarray,
     piv0: cp.ndarray,
     b: cp.ndarray,
-    lu_index: np.ndarray,
+    lu_index: np.ndarray | None,
     out_batch: tuple[int, ...],
     left: bool,
     adjoint: bool,
@@ -86,14 +87,14 @@ def lu_solve(
     if path != "own":  # the libraries index with 32-bit integers; our kernels do not
         _libs.check_int32("LU", n, n)
         _libs.check_int32("B", n, nrhs)
-    index = on_device(np.asarray(lu_index, dtype=np.int64))  # shared and read-only: never written
+    index = _lu_index(lu_index, tuple(lu.shape[:-2]), out_batch)  # read-only: may be shared, never written
     trsm = path == "trsmBatched"
     perm = permutations(piv0, n) if trsm else None
     _gather(rhs, out_batch, w3, perm if op == _N else None, index, conj_io)
     if path == "own":
         _small(s, piv0, index, w3, op)
     elif path == "getrs":
-        _getrs_cusolver(s, piv0, int(lu_index[0]), w3, op)
+        _getrs_cusolver(s, piv0, 0 if lu_index is None else int(lu_index[0]), w3, op)
     elif path == "getrsBatched":
         _getrs_batched(s, piv0, index, w3, op)
     else:
@@ -106,6 +107,22 @@ def lu_solve(
     if conj_io:
         cp.conjugate(w3, out=w3)
     return w.swapaxes(-1, -2) if left else w
+
+
+def _lu_index(lu_index: np.ndarray | None, lu_batch: tuple[int, ...], out_batch: tuple[int, ...]) -> cp.ndarray:
+    """Which factorization each problem uses, on the device (int64). ``None``: LU's batch broadcast to
+    ``out_batch``, computed on the device for over 512 problems (``batch_offsets`` over LU's batch in
+    matrices: no host array a problem, no copy up), else on the host and kept there (``_constants``)."""
+    if lu_index is None:
+        nprob = math.prod(out_batch)
+        if nprob * 8 > MAX_BYTES:
+            terms = index_terms(lu_batch, out_batch)
+            if len(terms) <= MAX_TERMS:
+                index = cp.empty(nprob, dtype=cp.int64)
+                _sources.run(_launch.batch_offsets(index, terms))
+                return index
+        lu_index = broadcast_index(lu_batch, out_batch)
+    return on_device(np.asarray(lu_index, dtype=np.int64))
 
 
 def _gather(

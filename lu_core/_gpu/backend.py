@@ -103,7 +103,7 @@ class GpuBackend:
         lu: cp.ndarray,
         piv0: cp.ndarray,
         b: cp.ndarray,
-        lu_index: np.ndarray,
+        lu_index: np.ndarray | None,
         out_batch: tuple[int, ...],
         left: bool,
         adjoint: bool,

@@ -86,6 +86,21 @@ def test_offset_terms_give_block_offsets_for_random_views_and_broadcasts():
     assert {0, 1, 2, 3} <= counts
 
 
+def test_index_terms_give_broadcast_index():
+    """The solve's problem -> factorization map, computed on the device for large batches when the
+    caller passes ``lu_index=None``: ``broadcast_index``'s values."""
+    from lu_core._batching import broadcast_index
+    from lu_core._gpu._broadcast import index_terms
+
+    cases = [((600,), (600,)), ((1, 30), (40, 30)), ((3, 1), (5, 3, 200)), ((), (700,)), ((2, 1, 4), (2, 3, 4))]
+    cases += [((4, 1, 4, 1, 4), (4, 3, 4, 3, 4))]  # five dimensions, three terms
+    for batch, out_batch in cases:
+        terms = index_terms(batch, out_batch)
+        want = broadcast_index(batch, out_batch)
+        np.testing.assert_array_equal(_from_terms(terms, len(want)), want)
+    assert len(index_terms((600,), (600,))) == 1 and index_terms((), (700,)) == ()
+
+
 def test_getrf_batched_heuristic_is_pytorchs():
     f32, f64, c64, c128 = (np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
     assert not _tuning.getrf_batched_wins(1, 8, f32)  # one matrix: cuSOLVER
