@@ -32,8 +32,8 @@ class Backend(Protocol):
         return them 0-based, int32, contiguous, shape ``(batch, k)``."""
 
     def own_pivots(self, pivots: Any) -> Any:
-        """Pivots this library produced (always in range): 0-based int32, shape
-        ``(batch, k)``, without :meth:`check_pivots`'s check (and, on the GPU,
+        """Pivots this library produced or built (always in range): 0-based int32, contiguous,
+        shape ``(batch, k)``, a new array, without :meth:`check_pivots`'s check (and, on the GPU,
         without waiting for the device)."""
 
     def lu_factor_ex(self, a: Any, pivot: bool) -> tuple[Any, Any, Any]:

@@ -123,7 +123,9 @@ class CpuBackend:
 
     def own_pivots(self, pivots: np.ndarray) -> np.ndarray:
         nb = int(np.prod(pivots.shape[:-1]))
-        piv0 = pivots.reshape(nb, pivots.shape[-1]).astype(np.int32)  # a copy: the caller's stay 1-based
+        # A C-ordered copy: the caller's stay 1-based, and a broadcast input (identity pivots) would
+        # otherwise come out Fortran-ordered, a layout the kernels would be compiled for again.
+        piv0 = pivots.reshape(nb, pivots.shape[-1]).astype(np.int32, order="C")
         piv0 -= 1  # LAPACK 1-based -> 0-based, for pivots lu_factor_ex just produced
         return piv0
 

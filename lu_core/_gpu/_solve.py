@@ -13,7 +13,9 @@ trsm path of ``A X = B``, already permuted. Then:
 
 Problem ``t`` uses factorization ``lu_index[t]``: the batched routines get
 repeated pointers into ``LU``, the kernels an index, so a broadcast ``LU`` is
-never copied.
+never copied. ``lu_index=None`` (the API's case: LU broadcast to the output
+batch) lets :func:`_lu_index` build it on the device for large batches, as
+:func:`_offsets` does for ``B``'s block offsets.
 """
 
 from __future__ import annotations
@@ -112,7 +114,8 @@ def lu_solve(
 def _lu_index(lu_index: np.ndarray | None, lu_batch: tuple[int, ...], out_batch: tuple[int, ...]) -> cp.ndarray:
     """Which factorization each problem uses, on the device (int64). ``None``: LU's batch broadcast to
     ``out_batch``, computed on the device for over 512 problems (``batch_offsets`` over LU's batch in
-    matrices: no host array a problem, no copy up), else on the host and kept there (``_constants``)."""
+    matrices: no host array a problem, no copy up) when that takes at most ``MAX_TERMS`` terms; else
+    on the host, and copied up (kept on the device when small: ``_constants``)."""
     if lu_index is None:
         nprob = math.prod(out_batch)
         if nprob * 8 > MAX_BYTES:

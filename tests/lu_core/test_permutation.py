@@ -32,3 +32,24 @@ def test_definition_against_a_factorization(rng):
     P, _, _ = lu_core.lu_unpack(LU, piv)
     rows = np.argmax(P, axis=-2)  # P[perm[j], j] = 1
     np.testing.assert_array_equal(rows, perm)
+
+
+@pytest.mark.parametrize(
+    "pivots",
+    [
+        np.broadcast_to(np.arange(1, 4, dtype=np.int32), (5, 3)),  # identity pivots, as lu_rcond builds them
+        np.arange(1, 4, dtype=np.int32).reshape(1, 3),  # already int32 and contiguous: still a new array
+        np.asfortranarray(np.tile(np.arange(1, 5, dtype=np.int64), (3, 1))),
+    ],
+)
+def test_own_pivots_are_a_new_c_ordered_zero_based_array(pivots):
+    """The kernels are compiled for C-ordered pivots: a broadcast or Fortran-ordered input must not reach
+    them as is (a second compilation, ~2 s a dtype), and the caller's 1-based pivots stay as they were."""
+    from lu_core._cpu.backend import CPU_BACKEND
+
+    before = pivots.copy()
+    piv0 = CPU_BACKEND.own_pivots(pivots)
+    assert piv0.dtype == np.int32 and piv0.flags.c_contiguous and piv0.flags.writeable
+    assert not np.shares_memory(piv0, pivots)
+    np.testing.assert_array_equal(piv0, before.reshape(-1, before.shape[-1]) - 1)
+    np.testing.assert_array_equal(pivots, before)
