@@ -22,6 +22,10 @@ Without pivoting an exact zero pivot gives the CPU backend's (LAPACK getf2's)
 finite result: the small kernel follows that rule itself; matrices the
 libraries flag are refactored by ``nopivot_refactor`` from a kept copy.
 
+Our kernel reads a C-ordered (or column-major) ``A`` where it lies and writes LU
+into the column-major result, so no transposed copy of ``A`` is made first; the
+libraries factor in place, after that copy.
+
 Nothing here waits for the device: ``info`` stays on it.
 """
 
@@ -53,14 +57,19 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
     nb, k = math.prod(batch), min(m, n)
     dt = a.dtype
     s = cp.empty((nb, n, m), dtype=dt)  # column-major per matrix: the libraries' layout
-    s[...] = a.reshape(nb, m, n).swapaxes(1, 2)
+    a3 = a.reshape(nb, m, n)
     piv = cp.empty((nb, k), dtype=cp.int32)
     info = cp.zeros(nb, dtype=cp.int32)
-    if nb and k:
-        path = _tuning.factor_path(m, n, nb, dt, _device_optin)
+    path = _tuning.factor_path(m, n, nb, dt, _device_optin) if nb and k else None
+    if path == "own" and a3.flags.c_contiguous:
+        _small(s, piv, info, m, n, pivot, a3, rowmajor=True)  # A read where it is: no transposed copy first
+    elif path == "own" and a3.swapaxes(1, 2).flags.c_contiguous:
+        _small(s, piv, info, m, n, pivot, a3.swapaxes(1, 2), rowmajor=False)
+    else:
+        s[...] = a3.swapaxes(1, 2)
         if path == "own":
             _small(s, piv, info, m, n, pivot)
-        else:
+        elif path is not None:
             _libs.check_int32("A", m, n)
             kept = s.copy() if not pivot else None  # for nopivot_refactor
             if path == "getrfBatched":
@@ -74,8 +83,19 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
     return lu, piv.reshape(*batch, k), info.reshape(batch)
 
 
-def _small(s: cp.ndarray, piv: cp.ndarray, info: cp.ndarray, m: int, n: int, pivot: bool) -> None:
-    launch = _launch.small_getrf(s, piv, info, m, n, pivot)
+def _small(
+    s: cp.ndarray,
+    piv: cp.ndarray,
+    info: cp.ndarray,
+    m: int,
+    n: int,
+    pivot: bool,
+    src: cp.ndarray | None = None,
+    rowmajor: bool = False,
+) -> None:
+    """Our kernel into ``s``, from ``src`` (C-contiguous, ``(nb, m, n)`` when ``rowmajor``, else
+    ``(nb, n, m)``) or, without it, in place."""
+    launch = _launch.small_getrf(s, piv, info, m, n, pivot, src, rowmajor)
     fn = _sources.kernel(launch.source, launch.name)
     if launch.shared > _tuning.SHARED_BYTES and fn.max_dynamic_shared_size_bytes < launch.shared:
         # Opt in, to the device's limit (own_kernel checked one matrix, one warp's share, is within it):

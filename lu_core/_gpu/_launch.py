@@ -150,15 +150,21 @@ def nopivot_refactor(kept: Any, s: Any, info: Any, m: int, n: int) -> Launch:
     return _per_matrix(f"nopivot_refactor<{_ctype(s.dtype)}>", nb, args)
 
 
-def small_getrf(s: Any, piv: Any, info: Any, m: int, n: int, pivot: bool) -> Launch:
+def small_getrf(
+    s: Any, piv: Any, info: Any, m: int, n: int, pivot: bool, src: Any = None, src_rowmajor: bool = False
+) -> Launch:
     """``32 // width`` matrices a warp (``_tuning.getrf_width``), as many warps a block as fit
-    ``SMALL_BLOCK`` threads and 48 KiB (at least one)."""
+    ``SMALL_BLOCK`` threads and 48 KiB (at least one). The matrices are read from ``src`` (C-contiguous:
+    ``(batch, m, n)`` when ``src_rowmajor``, else ``(batch, n, m)``, column-major each), or in place
+    from ``s`` (``(batch, n, m)``) when ``src`` is None; LU goes to ``s``."""
     nb = s.shape[0]
     width = _tuning.getrf_width(m, n, s.dtype)
     groups = WARP // width
     per_warp = groups * _tuning.warp_bytes(m, n, s.dtype)
     warps = max(1, min(_tuning.SMALL_BLOCK // WARP, _tuning.SHARED_BYTES // per_warp))
-    args = (s, piv, info, np.int64(nb), np.int32(m), np.int32(n), np.int32(pivot), np.int32(width))
+    source = s if src is None else src
+    args = (source, np.int32(src_rowmajor), s, piv, info, np.int64(nb), np.int32(m), np.int32(n), np.int32(pivot))
+    args += (np.int32(width),)
     return Launch(
         "small_lu.cu",
         f"small_getrf<{_ctype(s.dtype)}>",

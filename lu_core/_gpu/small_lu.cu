@@ -93,8 +93,11 @@ __device__ __forceinline__ int group_pivot(const T* col, int g, int width, int k
     return idx;
 }
 
-// LU of nbatch m x n matrices in place in s, with 1-based LAPACK pivots (piv,
-// nbatch x min(m, n)) and info per matrix. Without pivoting the pivots are
+// LU of nbatch m x n matrices read from src and written to s (column-major),
+// with 1-based LAPACK pivots (piv, nbatch x min(m, n)) and info per matrix.
+// src holds the matrices consecutively, column-major (src_rowmajor = 0; src may
+// be s itself: in place) or row-major (1: a C-ordered input, transposed on the
+// way into shared memory, so the caller makes no transposed copy first). Without pivoting the pivots are
 // still written (1 .. k, as PyTorch does). Any m and n whose matrix fits in
 // shared memory (the host checks ld * n * sizeof(T), ld = m made odd, and picks a
 // width whose groups * that fit 48 KiB, or one matrix a warp): small square
@@ -113,8 +116,8 @@ __device__ __forceinline__ int group_pivot(const T* col, int g, int width, int k
 // Launch: blockDim.x = 32 * warps, shared memory = warps * groups * ld * n *
 // sizeof(T), groups = 32 / width.
 template <typename T>
-__global__ void small_getrf(T* __restrict__ s, int* __restrict__ piv, int* __restrict__ info, long long nbatch,
-                            int m, int n, int pivot, int width) {
+__global__ void small_getrf(const T* src, int src_rowmajor, T* s, int* __restrict__ piv, int* __restrict__ info,
+                            long long nbatch, int m, int n, int pivot, int width) {
     extern __shared__ __align__(16) unsigned char small_getrf_shared[];
     const int lane = threadIdx.x & 31;
     const int g = lane & (width - 1);  // this lane's place in its group
@@ -132,9 +135,11 @@ __global__ void small_getrf(T* __restrict__ s, int* __restrict__ piv, int* __res
         const long long left = nbatch - b0;
         const int held = (left < groups ? (int)left : groups) * mn;  // entries of the warp's matrices in s
         T* const a = s + b0 * mn;
+        const T* const in = src + b0 * mn;
         for (int e = lane; e < groups * mn; e += 32) {  // coalesced: the warp's matrices are consecutive
-            const int j = e / mn, c = (e - j * mn) / m, r = e - j * mn - c * m;
-            warp_sh[j * slot + c * ld + r] = e < held ? a[e] : T(0);
+            const int j = e / mn, q = e - j * mn;
+            const int c = src_rowmajor ? q % n : q / m, r = src_rowmajor ? q / n : q - c * m;
+            warp_sh[j * slot + c * ld + r] = e < held ? in[e] : T(0);
         }
         __syncwarp();
         int first_zero = 0;

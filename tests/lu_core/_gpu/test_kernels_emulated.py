@@ -93,13 +93,23 @@ def _same(got, want, dtype, exact=True) -> None:
 # ---------------------------------------------------------------- small_getrf
 
 
-def _small_getrf(exe, A, pivot=True, how="backend"):
-    """``small_getrf`` as ``_factor._small`` launches it, on ``A`` (nb, m, n); returns (LU, piv, info)."""
+def _small_getrf(exe, A, pivot=True, how="backend", source="in place"):
+    """``small_getrf`` as ``_factor._small`` launches it, on ``A`` (nb, m, n); returns (LU, piv, info).
+    ``source``: the kernel factors a column-major copy in place (``in place``), or reads ``A`` as it is,
+    C-ordered (``row-major``), or a column-major copy of it (``column-major``), writing LU elsewhere."""
     nb, m, n = A.shape
-    s = A.swapaxes(1, 2).copy()  # column-major per matrix (a copy: the kernel writes it)
     piv = np.full((nb, min(m, n)), -7, np.int32)
     info = np.full(nb, -7, np.int32)
-    _run(exe, _launch.small_getrf(s, piv, info, m, n, pivot), how)
+    if source == "in place":
+        s = A.swapaxes(1, 2).copy()  # column-major per matrix (a copy: the kernel writes it)
+        _run(exe, _launch.small_getrf(s, piv, info, m, n, pivot), how)
+    else:
+        s = np.full((nb, n, m), np.nan, A.dtype)
+        rowmajor = source == "row-major"
+        src = np.ascontiguousarray(A) if rowmajor else A.swapaxes(1, 2).copy()
+        before = src.copy()
+        _run(exe, _launch.small_getrf(s, piv, info, m, n, pivot, src, rowmajor), how)
+        np.testing.assert_array_equal(src, before)  # read, never written
     return s.swapaxes(1, 2), piv, info
 
 
@@ -136,6 +146,20 @@ def _check_small_getrf(asan, dtype, shape, pivot, how):
     np.testing.assert_array_equal(piv, want_piv)
     np.testing.assert_array_equal(info, want_info)
     _same(LU, want_lu, dtype, _cpu_kernel_factors(A, pivot))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(8, 8), (3, 3), (32, 32), (40, 8), (5, 33), (1, 4), (6, 1)], ids=str)
+@pytest.mark.parametrize("source", ["row-major", "column-major"])
+def test_small_getrf_reads_a_in_its_own_layout(asan, dtype, shape, source):
+    """``_factor`` hands the kernel a C-ordered (or column-major) input as it is, instead of copying it
+    transposed first: the same bits as in place, the input untouched, every entry of LU written."""
+    A = _rand(np.random.default_rng(sum(shape)), (9, *shape), dtype)
+    want = _small_getrf(asan, A)
+    for how in LAUNCHES:
+        got = _small_getrf(asan, A, how=how, source=source)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(_bits(g), _bits(w))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -584,10 +608,10 @@ def test_a_wrong_argument_type_is_caught(asan):
     s = A.swapaxes(1, 2).copy()
     piv, info = np.zeros((1, 4), np.int32), np.zeros(1, np.int32)
     launch = _launch.small_getrf(s, piv, info, 4, 4, True)
-    with pytest.raises(simt.KernelFailed, match="argument 3: the kernel takes a 8-byte signed integer"):
-        simt.run(asan, launch._replace(args=(*launch.args[:3], np.int32(1), *launch.args[4:])))
-    with pytest.raises(simt.KernelFailed, match="argument 1: the kernel takes a pointer to 4-byte items of kind i"):
-        simt.run(asan, launch._replace(args=(s, piv.astype(np.int64), *launch.args[2:])))
+    with pytest.raises(simt.KernelFailed, match="argument 5: the kernel takes a 8-byte signed integer"):
+        simt.run(asan, launch._replace(args=(*launch.args[:5], np.int32(1), *launch.args[6:])))
+    with pytest.raises(simt.KernelFailed, match="argument 3: the kernel takes a pointer to 4-byte items of kind i"):
+        simt.run(asan, launch._replace(args=(*launch.args[:3], piv.astype(np.int64), *launch.args[4:])))
     with pytest.raises(simt.KernelFailed, match="argument 0: the kernel takes a pointer to 8-byte items of kind f"):
         simt.run(asan, launch._replace(args=(s.astype(np.float32), *launch.args[1:])))
 
