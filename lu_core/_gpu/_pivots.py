@@ -27,7 +27,8 @@ def check_pivots(pivots: cp.ndarray, m: int) -> cp.ndarray:
     piv0 = cp.empty((nb, k), dtype=cp.int32)
     if not flat.size:
         return piv0
-    first_bad = cp.full(1, _NO_BAD, dtype=cp.uint64)
+    first_bad = cp.empty(1, dtype=cp.uint64)
+    first_bad.data.memset_async(0xFF, 8)  # _NO_BAD: every bit set (a memset, not a fill kernel's launch)
     _sources.run(_launch.check_pivots(flat, piv0, m, first_bad))
     bad = first_bad.get()[0]  # one 8-byte copy: the error must be raised on the host
     if bad != _NO_BAD:
