@@ -158,6 +158,10 @@ def small_getrf(
     ``(batch, m, n)`` when ``src_rowmajor``, else ``(batch, n, m)``, column-major each), or in place
     from ``s`` (``(batch, n, m)``) when ``src`` is None; LU goes to ``s``."""
     nb = s.shape[0]
+    if src is not None and (
+        src.dtype != s.dtype or src.shape != ((nb, m, n) if src_rowmajor else (nb, n, m)) or not src.flags.c_contiguous
+    ):  # the kernel gets a bare pointer: anything else would be misread
+        raise ValueError(f"small_getrf: source {src.shape} {src.dtype} (contiguous: {src.flags.c_contiguous})")
     width = _tuning.getrf_width(m, n, s.dtype)
     groups = WARP // width
     per_warp = groups * _tuning.warp_bytes(m, n, s.dtype)

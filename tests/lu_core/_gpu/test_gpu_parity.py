@@ -58,17 +58,39 @@ def test_factor_and_unpack(rng, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.complex64])
-@pytest.mark.parametrize("shape", [(40, 8, 8), (7, 40, 8), (5, 6, 33)], ids=str)
-def test_factor_reads_a_in_any_layout(rng, shape, dtype):
+@pytest.mark.parametrize("shape", [(40, 8, 8), (7, 40, 8), (5, 6, 33), (1, 5, 5), (6, 1, 7)], ids=str)
+@pytest.mark.parametrize("pivot", [True, False])
+def test_factor_reads_a_in_any_layout(rng, shape, dtype, pivot, monkeypatch):
     """Our kernel reads a C-ordered or column-major A where it is (no transposed copy first) and
-    anything else through a copy: the same factorization either way."""
+    anything else through a copy: the same factorization either way, the input untouched."""
+    from lu_core._gpu import _factor
+
+    nb, m = shape[0], shape[1]
     A = random_matrix(rng, shape, dtype)
-    want = [cp.asnumpy(x) for x in lu_core.lu_factor_ex(cp.asarray(A))]
-    big = cp.asarray(random_matrix(rng, (shape[0], 2 * shape[1], 2 * shape[2]), dtype))
+    big = cp.asarray(random_matrix(rng, (nb, 2 * m, 2 * shape[2]), dtype))
     big[:, ::2, ::2] = cp.asarray(A)
-    layouts = [cp.asfortranarray(cp.asarray(A)), cp.asarray(A.swapaxes(-1, -2)).swapaxes(-1, -2), big[:, ::2, ::2]]
-    for a in layouts:
-        got = [cp.asnumpy(x) for x in lu_core.lu_factor_ex(a)]
+    layouts = {  # the layout, and how the kernel is to read it: row-major, column-major, or a copy (None)
+        "C": (cp.asarray(A), True),
+        "column-major": (cp.asarray(A.swapaxes(-1, -2)).swapaxes(-1, -2), m == 1),  # one row: both layouts
+        "Fortran": (cp.asfortranarray(cp.asarray(A)), None if nb > 1 else False),
+        "strided": (big[:, ::2, ::2], None),
+        "broadcast": (cp.broadcast_to(cp.asarray(A[:1]), shape), None if nb > 1 else True),
+    }
+    seen = []
+    real = _factor._small
+
+    def small(*args, **kwargs):
+        seen.append(kwargs["rowmajor"] if len(args) > 6 else None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_factor, "_small", small)
+    for name, (a, how) in layouts.items():
+        before = cp.asnumpy(a)
+        want = [cp.asnumpy(x) for x in lu_core.lu_factor_ex(cp.asarray(np.ascontiguousarray(before)), pivot=pivot)]
+        seen.clear()
+        got = [cp.asnumpy(x) for x in lu_core.lu_factor_ex(a, pivot=pivot)]
+        assert seen[-1:] == [how], name
+        np.testing.assert_array_equal(cp.asnumpy(a), before)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g, w)
 

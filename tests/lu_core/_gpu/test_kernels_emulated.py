@@ -155,11 +155,15 @@ def test_small_getrf_reads_a_in_its_own_layout(asan, dtype, shape, source):
     """``_factor`` hands the kernel a C-ordered (or column-major) input as it is, instead of copying it
     transposed first: the same bits as in place, the input untouched, every entry of LU written."""
     A = _rand(np.random.default_rng(sum(shape)), (9, *shape), dtype)
-    want = _small_getrf(asan, A)
-    for how in LAUNCHES:
-        got = _small_getrf(asan, A, how=how, source=source)
-        for g, w in zip(got, want, strict=True):
-            np.testing.assert_array_equal(_bits(g), _bits(w))
+    for pivot in (True, False):
+        want = _small_getrf(asan, A, pivot)
+        for how in LAUNCHES:
+            got = _small_getrf(asan, A, pivot, how=how, source=source)
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(_bits(g), _bits(w))
+    s, piv, info = np.empty((9, shape[1], shape[0]), dtype), np.empty((9, min(shape)), np.int32), np.empty(9, np.int32)
+    with pytest.raises(ValueError, match="source"):  # a source the kernel would misread is refused
+        _launch.small_getrf(s, piv, info, *shape, True, A[::-1], source == "row-major")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
