@@ -60,14 +60,14 @@ def _tuned(**values: object) -> Iterator[None]:
 
 
 def _factor_paths(n: int, dtype: str, batch: int) -> dict[str, dict[str, object]]:
-    from lu_core._gpu._tuning import SHARED_BYTES, warp_bytes
+    from lu_core._gpu._tuning import SHARED_BYTES, matrix_bytes
 
     paths: dict[str, dict[str, object]] = {
         "getrfBatched": {"SMALL_FACTOR_MAX_N": 0, "getrf_batched_wins": lambda *a: True},
     }
     if batch <= CUSOLVER_MAX_BATCH:
         paths["cusolver"] = {"SMALL_FACTOR_MAX_N": 0, "getrf_batched_wins": lambda *a: False}
-    if warp_bytes(n, n, dtype) <= SHARED_BYTES:  # our kernel takes any square matrix a warp can hold
+    if matrix_bytes(n, n, dtype) <= SHARED_BYTES:  # our kernel takes any square matrix a warp can hold
         paths["own"] = {"SMALL_FACTOR_MAX_N": n}
     return paths
 
@@ -76,10 +76,10 @@ def _rect_paths(m: int, n: int, dtype: str) -> dict[str, dict[str, object]]:
     import cupy as cp
 
     from lu_core._gpu._factor import _device_optin
-    from lu_core._gpu._tuning import SHARED_BYTES, warp_bytes
+    from lu_core._gpu._tuning import SHARED_BYTES, matrix_bytes
 
     paths: dict[str, dict[str, object]] = {"cusolver": {"RECT_FACTOR_MAX_BYTES": 0}}
-    need = warp_bytes(m, n, cp.dtype(dtype))
+    need = matrix_bytes(m, n, cp.dtype(dtype))
     if need <= max(SHARED_BYTES, _device_optin()):
         paths["own"] = {"RECT_FACTOR_MAX_BYTES": need}
     return paths
@@ -121,7 +121,7 @@ def measure(
     def more() -> bool:
         return seconds is None or time.perf_counter() - start < seconds
 
-    from lu_core._gpu._tuning import warp_bytes
+    from lu_core._gpu._tuning import matrix_bytes
 
     rng = cp.random.default_rng(0)
     repeats = 3 if quick else 10
@@ -135,7 +135,7 @@ def measure(
                     continue
                 A = rng.standard_normal((batch, m, n)).astype(dtype)
                 times = _time_paths(_rect_paths(m, n, dtype), lambda A=A: lu_core.lu_factor_ex(A), 3)
-                need = warp_bytes(m, n, cp.dtype(dtype))
+                need = matrix_bytes(m, n, cp.dtype(dtype))
                 row = {"dtype": dtype, "m": m, "n": n, "batch": batch, "KiB": need // 1024, "bytes": need}
                 factor_rows.append({**row, **times})
                 progress(f"factor {dtype} {m}x{n} batch={batch}: {times}")

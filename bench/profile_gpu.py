@@ -1,4 +1,5 @@
-"""Where a small GPU call's time goes: host work, waits for the device, device work.
+"""Where a GPU call's time goes (small calls, and two large batches of small matrices): host work,
+waits for the device, device work.
 
     python -m bench.profile_gpu --out DIR [--seconds S]
 
@@ -130,7 +131,7 @@ def measure(
 def report(device: str, rows: list[dict], profiles: dict[str, str]) -> str:
     head = ["op", "batch", "n", "dtype", "host us", "device us", "torch host us", "torch device us"]
     lines = [
-        f"# Where a small GPU call's time goes, {device}",
+        f"# Where a GPU call's time goes, {device}",
         "",
         f"Command: `python -m bench.profile_gpu --out DIR`. Medians of {CALLS} calls "
         "(`cupyx.profiler.benchmark`: host = the call itself, device = CUDA events around it).",

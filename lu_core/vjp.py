@@ -420,7 +420,7 @@ def solve(A: Any, B: Any, X: Any, grad_X: Any, *, left: bool = True) -> tuple[An
     gX = _args.companion(be, grad_X, "grad_X", x_shape, dt, "X").reshape(x_mat_shape)
     LU, piv, info = be.lu_factor_ex(be.astype(a, dt), True)
     _args.raise_if_singular(be, info, "vjp.solve")
-    gB = _solve_packed(be, LU, be.check_pivots(piv, n), gX, left=left, adjoint=True)
+    gB = _solve_packed(be, LU, be.own_pivots(piv), gX, left=left, adjoint=True)
     gA = -(gB @ mH(x)) if left else -(mH(x) @ gB)
     gA = cast_like(sum_to(xp, gA, tuple(a.shape)), a.dtype)
     gB = cast_like(sum_to(xp, gB, tuple(b_mat_shape)), b_dtype).reshape(b_raw.shape)

@@ -2,8 +2,9 @@
 
 Each ``lu_solve`` of up to 512 problems needs two small host-computed arrays on
 the device: which factorization each problem uses (``lu_index``) and where each
-problem's block of ``B`` starts (``block_offsets``); larger batches get both
-computed on the device (``_solve._offsets``, ``_solve._lu_index``). A fresh ``cupy.asarray`` of each is a
+problem's block of ``B`` starts (``block_offsets``); larger batches get them
+computed on the device where they can (``_solve._from_terms``: an index the
+caller passes, or one that takes more than four terms, is still copied up). A fresh ``cupy.asarray`` of each is a
 host-to-device copy per call, in host time a large share of a small solve (the
 first H200 run: 193 us for a 1x8 ``lu_solve`` against PyTorch's 35 us). They
 repeat from call to call (the same shapes give the same arrays), so the first

@@ -58,13 +58,13 @@ def lu_factor_ex(a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp
     dt = a.dtype
     s = cp.empty((nb, n, m), dtype=dt)  # column-major per matrix: the libraries' layout
     a3 = a.reshape(nb, m, n)
-    piv = cp.empty((nb, k), dtype=cp.int32)
-    info = cp.zeros(nb, dtype=cp.int32)
     path = _tuning.factor_path(m, n, nb, dt, _device_optin) if nb and k else None
+    piv = cp.empty((nb, k), dtype=cp.int32)
+    info = cp.empty(nb, dtype=cp.int32) if path == "own" else cp.zeros(nb, dtype=cp.int32)  # ours writes each
     if path == "own" and a3.flags.c_contiguous:
-        _small(s, piv, info, m, n, pivot, a3, rowmajor=True)  # A read where it is: no transposed copy first
+        _small(s, piv, info, m, n, pivot, src=a3, src_rowmajor=True)  # A where it is: no transposed copy
     elif path == "own" and a3.swapaxes(1, 2).flags.c_contiguous:
-        _small(s, piv, info, m, n, pivot, a3.swapaxes(1, 2), rowmajor=False)
+        _small(s, piv, info, m, n, pivot, src=a3.swapaxes(1, 2), src_rowmajor=False)
     else:
         s[...] = a3.swapaxes(1, 2)
         if path == "own":
@@ -91,11 +91,11 @@ def _small(
     n: int,
     pivot: bool,
     src: cp.ndarray | None = None,
-    rowmajor: bool = False,
+    src_rowmajor: bool = False,
 ) -> None:
-    """Our kernel into ``s``, from ``src`` (C-contiguous, ``(nb, m, n)`` when ``rowmajor``, else
+    """Our kernel into ``s``, from ``src`` (C-contiguous, ``(nb, m, n)`` when ``src_rowmajor``, else
     ``(nb, n, m)``) or, without it, in place."""
-    launch = _launch.small_getrf(s, piv, info, m, n, pivot, src, rowmajor)
+    launch = _launch.small_getrf(s, piv, info, m, n, pivot, src, src_rowmajor)
     fn = _sources.kernel(launch.source, launch.name)
     if launch.shared > _tuning.SHARED_BYTES and fn.max_dynamic_shared_size_bytes < launch.shared:
         # Opt in, to the device's limit (own_kernel checked one matrix, one warp's share, is within it):

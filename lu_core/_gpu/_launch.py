@@ -44,9 +44,13 @@ class Launch(NamedTuple):
     args: tuple[Any, ...]
 
 
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def grid(total: int, per_block: int = _tuning.BLOCK) -> tuple[int]:
     """Blocks for a grid-stride kernel over ``total`` items, ``per_block`` a block (capped; the kernels loop)."""
-    return (max(1, min(MAX_BLOCKS, (total + per_block - 1) // per_block)),)
+    return (max(1, min(MAX_BLOCKS, _ceil_div(total, per_block))),)
 
 
 def _elementwise(source: str, name: str, total: int, args: tuple[Any, ...]) -> Launch:
@@ -164,7 +168,7 @@ def small_getrf(
         raise ValueError(f"small_getrf: source {src.shape} {src.dtype} (contiguous: {src.flags.c_contiguous})")
     width = _tuning.getrf_width(m, n, s.dtype)
     groups = WARP // width
-    per_warp = groups * _tuning.warp_bytes(m, n, s.dtype)
+    per_warp = groups * _tuning.matrix_bytes(m, n, s.dtype)
     warps = max(1, min(_tuning.SMALL_BLOCK // WARP, _tuning.SHARED_BYTES // per_warp))
     source = s if src is None else src
     args = (source, np.int32(src_rowmajor), s, piv, info, np.int64(nb), np.int32(m), np.int32(n), np.int32(pivot))
@@ -172,7 +176,7 @@ def small_getrf(
     return Launch(
         "small_lu.cu",
         f"small_getrf<{_ctype(s.dtype)}>",
-        grid(-(-nb // groups), warps),
+        grid(_ceil_div(nb, groups), warps),
         (warps * WARP,),
         warps * per_warp,
         args,
@@ -187,7 +191,7 @@ def small_getrs(s: Any, piv0: Any, index: Any, w3: Any, op: int) -> Launch:
     return Launch(
         "small_lu.cu",
         f"small_getrs<{_ctype(w3.dtype)}>",
-        grid(-(-(nprob * nrhs) // (WARP // width)), _tuning.SMALL_BLOCK // WARP),
+        grid(_ceil_div(nprob * nrhs, WARP // width), _tuning.SMALL_BLOCK // WARP),
         (_tuning.SMALL_BLOCK,),
         0,
         args,

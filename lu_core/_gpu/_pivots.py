@@ -45,7 +45,7 @@ def check_pivots(pivots: cp.ndarray, m: int) -> cp.ndarray:
 def own_pivots(pivots: cp.ndarray) -> cp.ndarray:
     """0-based int32 pivots, shape ``(batch, k)``, from pivots ``lu_core`` produced (trusted)."""
     nb, k = math.prod(pivots.shape[:-1]), pivots.shape[-1]
-    return pivots.reshape(nb, k).astype(cp.int32) - np.int32(1)
+    return cp.subtract(pivots.reshape(nb, k), 1, dtype=cp.int32)  # one launch: a new C-ordered array
 
 
 def permutations(piv0: cp.ndarray, m: int) -> cp.ndarray:

@@ -5,7 +5,8 @@ strides and the broadcast (never materialised) and writes the right-hand sides
 as contiguous vectors, conjugated where ``X A^H = B`` needs it and, for the
 trsm path of ``A X = B``, already permuted. Then:
 
-* ``n <= 32``: our ``small_getrs`` (a group of lanes per vector, several a warp) (pivots applied in registers);
+* ``n <= 32``: our ``small_getrs``: a group of lanes per vector, several a warp, the pivots
+  applied in registers;
 * a single problem: cuSOLVER ``getrs``;
 * few right-hand sides, ``n <= 128``: cuBLAS ``getrsBatched``;
 * otherwise: two cuBLAS ``trsmBatched`` calls (BLAS-3), plus ``scatter_rows``
@@ -21,6 +22,7 @@ batch) lets :func:`_lu_index` build it on the device for large batches, as
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import cupy as cp
 import numpy as np
@@ -28,7 +30,7 @@ import numpy as np
 from lu_core._batching import broadcast_index
 from lu_core._gpu import _launch, _libs, _sources, _tuning
 from lu_core._gpu._broadcast import MAX_TERMS, block_offsets, element_strides, index_terms, offset_terms
-from lu_core._gpu._constants import MAX_BYTES, on_device
+from lu_core._gpu._constants import on_device
 from lu_core._gpu._libs import cublas, cusolver
 from lu_core._gpu._pivots import permutations
 
@@ -36,23 +38,34 @@ _N, _T, _C = 0, 1, 2  # op(A): A, A^T, A^H (our kernels' codes)
 _CUBLAS_OP = {_N: "CUBLAS_OP_N", _T: "CUBLAS_OP_T", _C: "CUBLAS_OP_C"}
 
 
-def _offsets(rhs: cp.ndarray, out_batch: tuple[int, ...]) -> tuple[cp.ndarray, cp.ndarray, int, int]:
+def _from_terms(terms: Callable[[], tuple[tuple[int, int, int], ...]], nprob: int) -> cp.ndarray | None:
+    """A per-problem index array computed on the device from ``terms()`` (``_broadcast``'s; one launch,
+    nothing per problem on the host), for more than ``DEVICE_INDEX_MIN_PROBLEMS`` problems; None for
+    fewer (computed on the host, then kept on the device by ``_constants``) or more terms than the
+    kernel takes."""
+    if nprob <= _tuning.DEVICE_INDEX_MIN_PROBLEMS:
+        return None
+    made = terms()
+    if len(made) > MAX_TERMS:
+        return None
+    out = cp.empty(nprob, dtype=cp.int64)
+    _sources.run(_launch.batch_offsets(out, made))
+    return out
+
+
+def _offsets(rhs: cp.ndarray, out_batch: tuple[int, ...], nprob: int) -> tuple[cp.ndarray, cp.ndarray, int, int]:
     """``rhs`` (or a contiguous copy, where its strides are not whole elements), each problem's
-    block offset on the device, and the element strides of its right-hand-side and row axes.
-    Offsets of few problems are computed here and kept on the device (the same arrays recur);
-    many problems' are computed on the device, one launch, nothing per problem on the host."""
+    block offset on the device (:func:`_from_terms`, else ``block_offsets`` on the host), and the
+    element strides of its right-hand-side and row axes."""
     strides = element_strides(rhs.strides, rhs.dtype.itemsize)
     if strides is None:
         rhs = cp.ascontiguousarray(rhs)
         strides = element_strides(rhs.strides, rhs.dtype.itemsize)
-    batch, nprob = tuple(rhs.shape[:-2]), math.prod(out_batch)
-    if nprob * 8 > MAX_BYTES:
-        terms = offset_terms(batch, strides[:-2], out_batch)
-        if len(terms) <= MAX_TERMS:
-            offsets = cp.empty(nprob, dtype=cp.int64)
-            _sources.run(_launch.batch_offsets(offsets, terms))
-            return rhs, offsets, strides[-2], strides[-1]
-    return rhs, on_device(block_offsets(batch, strides[:-2], out_batch)), strides[-2], strides[-1]
+    batch = tuple(rhs.shape[:-2])
+    offsets = _from_terms(lambda: offset_terms(batch, strides[:-2], out_batch), nprob)
+    if offsets is None:
+        offsets = on_device(block_offsets(batch, strides[:-2], out_batch))
+    return rhs, offsets, strides[-2], strides[-1]
 
 
 def lu_solve(
@@ -89,7 +102,7 @@ def lu_solve(
     if path != "own":  # the libraries index with 32-bit integers; our kernels do not
         _libs.check_int32("LU", n, n)
         _libs.check_int32("B", n, nrhs)
-    index = _lu_index(lu_index, tuple(lu.shape[:-2]), out_batch)  # read-only: may be shared, never written
+    index = _lu_index(lu_index, tuple(lu.shape[:-2]), out_batch, nprob)  # read-only: may be shared
     trsm = path == "trsmBatched"
     perm = permutations(piv0, n) if trsm else None
     _gather(rhs, out_batch, w3, perm if op == _N else None, index, conj_io)
@@ -111,19 +124,15 @@ def lu_solve(
     return w.swapaxes(-1, -2) if left else w
 
 
-def _lu_index(lu_index: np.ndarray | None, lu_batch: tuple[int, ...], out_batch: tuple[int, ...]) -> cp.ndarray:
+def _lu_index(
+    lu_index: np.ndarray | None, lu_batch: tuple[int, ...], out_batch: tuple[int, ...], nprob: int
+) -> cp.ndarray:
     """Which factorization each problem uses, on the device (int64). ``None``: LU's batch broadcast to
-    ``out_batch``, computed on the device for over 512 problems (``batch_offsets`` over LU's batch in
-    matrices: no host array a problem, no copy up) when that takes at most ``MAX_TERMS`` terms; else
-    on the host, and copied up (kept on the device when small: ``_constants``)."""
+    ``out_batch``, computed on the device for many problems (:func:`_from_terms`), else on the host."""
     if lu_index is None:
-        nprob = math.prod(out_batch)
-        if nprob * 8 > MAX_BYTES:
-            terms = index_terms(lu_batch, out_batch)
-            if len(terms) <= MAX_TERMS:
-                index = cp.empty(nprob, dtype=cp.int64)
-                _sources.run(_launch.batch_offsets(index, terms))
-                return index
+        index = _from_terms(lambda: index_terms(lu_batch, out_batch), nprob)
+        if index is not None:
+            return index
         lu_index = broadcast_index(lu_batch, out_batch)
     return on_device(np.asarray(lu_index, dtype=np.int64))
 
@@ -136,7 +145,7 @@ def _gather(
     index: cp.ndarray,
     conjugate: bool,
 ) -> None:
-    src, offsets, s_rhs, s_row = _offsets(rhs, out_batch)
+    src, offsets, s_rhs, s_row = _offsets(rhs, out_batch, w3.shape[0])
     rows = perm if perm is not None else cp.empty(1, dtype=cp.int32)  # unread without use_perm
     _sources.run(_launch.gather_rhs(src, offsets, s_rhs, s_row, w3, rows, index, perm is not None, conjugate))
 

@@ -24,9 +24,9 @@ import numpy as np
 
 #: Our own small-matrix kernels (``small_lu.cu``: a group of lanes per matrix) for square matrices up to
 #: this size, any batch, with or without pivoting (the factorization takes
-#: larger ones too, as long as a warp's shared memory holds the matrix, and
-#: takes every rectangular matrix that fits: see ``own_kernel`` below; the
-#: solve keeps a right-hand side in the warp's 32 lanes, so at most 32).
+#: every rectangular matrix whose group's shared memory holds it: see
+#: ``own_kernel`` below; the solve keeps a right-hand side in a group of at most
+#: a warp's 32 lanes, one entry a lane, so at most 32).
 SMALL_FACTOR_MAX_N = 32
 SMALL_SOLVE_MAX_N = 32
 
@@ -52,7 +52,7 @@ GETRF_SUPERLINEAR = {"d": 16600, "D": 5200}
 SHARED_BYTES = 48 * 1024
 
 
-def warp_bytes(m: int, n: int, dtype: np.dtype) -> int:
+def matrix_bytes(m: int, n: int, dtype: np.dtype) -> int:
     """Shared memory for one matrix in ``small_getrf``: ``m`` made odd (its leading dimension), by ``n``."""
     return (m | 1) * n * np.dtype(dtype).itemsize
 
@@ -67,7 +67,7 @@ def getrf_width(m: int, n: int, dtype: np.dtype) -> int:
     of shared memory a warp (then as many as fit; one where a single matrix takes more). The shape's
     alone: the width changes no result, and a matrix's result never depends on its batch."""
     width = _pow2_at_least(min(m, 32))
-    while width < 32 and (32 // width) * warp_bytes(m, n, dtype) > SHARED_BYTES:
+    while width < 32 and (32 // width) * matrix_bytes(m, n, dtype) > SHARED_BYTES:
         width *= 2
     return width
 
@@ -82,7 +82,7 @@ def own_kernel(m: int, n: int, dtype: np.dtype, optin: Callable[[], int] = lambd
     ``SMALL_FACTOR_MAX_N``; rectangular ones up to ``RECT_FACTOR_MAX_BYTES`` of shared memory each, and
     above 48 KiB up to ``optin()``, the device's limit for one block. Never from the batch: a matrix's
     result does not depend on what it is factored with."""
-    need = warp_bytes(m, n, dtype)
+    need = matrix_bytes(m, n, dtype)
     if m == n:
         return n <= SMALL_FACTOR_MAX_N and need <= SHARED_BYTES
     if need > RECT_FACTOR_MAX_BYTES:
@@ -110,6 +110,11 @@ def getrf_batched_wins(batch: int, n: int, dtype: np.dtype) -> bool:
 #: right-hand sides; cuBLAS ``trsmBatched`` (BLAS-3) otherwise.
 GETRS_BATCHED_MAX_N = 128
 GETRS_BATCHED_MAX_NRHS = 2
+
+#: A solve of more problems than this computes its per-problem index arrays (which factorization,
+#: where ``B``'s block starts) on the device (``kernels.cu``'s ``batch_offsets``); fewer, on the host,
+#: where they are kept on the device by contents (``_constants``, up to its ``MAX_BYTES``).
+DEVICE_INDEX_MIN_PROBLEMS = 512
 
 #: Threads per block of the element-wise kernels and of the small-matrix
 #: kernels (a multiple of 32).

@@ -79,14 +79,16 @@ def test_factor_reads_a_in_any_layout(rng, shape, dtype, pivot, monkeypatch):
     seen = []
     real = _factor._small
 
-    def small(*args, **kwargs):
-        seen.append(kwargs["rowmajor"] if len(args) > 6 else None)
-        return real(*args, **kwargs)
+    def small(s, piv, info, m, n, pivot, src=None, src_rowmajor=False):
+        seen.append(None if src is None else src_rowmajor)
+        return real(s, piv, info, m, n, pivot, src=src, src_rowmajor=src_rowmajor)
 
     monkeypatch.setattr(_factor, "_small", small)
     for name, (a, how) in layouts.items():
         before = cp.asnumpy(a)
-        want = [cp.asnumpy(x) for x in lu_core.lu_factor_ex(cp.asarray(np.ascontiguousarray(before)), pivot=pivot)]
+        copied = cp.asarray(np.pad(before, ((0, 0), (0, 0), (0, 1))))[..., :-1]  # strided: the copy path
+        want = [cp.asnumpy(x) for x in lu_core.lu_factor_ex(copied, pivot=pivot)]
+        assert seen[-1:] == [None]
         seen.clear()
         got = [cp.asnumpy(x) for x in lu_core.lu_factor_ex(a, pivot=pivot)]
         assert seen[-1:] == [how], name

@@ -147,7 +147,7 @@ def test_group_widths_pack_small_matrices_and_vectors_into_a_warp():
     for m, n, dt in ((2, 100, c16), (2, 1000, c16), (4, 700, f8), (8, 8, c16), (31, 31, c16), (45, 6, f4)):
         w = width(m, n, dt)
         assert w & (w - 1) == 0 and min(m, 32) <= w <= 32
-        assert w == 32 or (32 // w) * _tuning.warp_bytes(m, n, dt) <= _tuning.SHARED_BYTES
+        assert w == 32 or (32 // w) * _tuning.matrix_bytes(m, n, dt) <= _tuning.SHARED_BYTES
     assert [_tuning.getrs_width(n) for n in (1, 2, 3, 8, 9, 32)] == [1, 2, 4, 8, 16, 32]
 
 
