@@ -199,6 +199,47 @@ class _DirectBody(asyncio.BufferedProtocol):
         self.owner.resume_writing()
 
 
+class _ResponseWriter:
+    """A response's writes to its connection: the status line and headers go out with the body's first bytes.
+
+    uvicorn writes a response's head and its body with two ``transport.write`` calls, each a ``send``
+    system call and a TCP segment of its own (``TCP_NODELAY``), so each small answer cost the server
+    two system calls and the client two reads. This stands in for the connection in the request's
+    cycle (``RequestResponseCycle.transport``: ``write``, ``close`` and ``is_closing``): the head is held
+    until the next write and both leave in one ``writelines`` (one ``writev`` with uvloop, no copy).
+    Nothing waits on it: uvicorn writes the body right after the head (an empty one too), and a
+    connection closed in between sends the head first. An informational answer (``100 Continue``) is
+    not a head: it goes out at once.
+    """
+
+    __slots__ = ("_held", "_started", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._held: bytes | None = None
+        self._started = False
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            self._transport.writelines((held, data))
+        elif self._started or data.startswith(b"HTTP/1.1 1"):
+            self._transport.write(data)  # the body's later chunks; an informational answer
+        else:
+            self._started = True
+            self._held = data
+
+    def close(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+        self._transport.close()
+
+    def is_closing(self) -> bool:
+        return self._transport.is_closing()
+
+
 class _BoundedProtocol(HttpToolsProtocol):
     read_timeout_s: float = 30.0
     min_upload_rate: int = 0
@@ -261,6 +302,7 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.scope is self.scope:
+            self.cycle.transport = _ResponseWriter(self.transport)  # type: ignore[assignment]
             self._sink = BodySink(self.cycle, self)
             self.scope[BODY_SINK] = self._sink  # type: ignore[literal-required]
 

@@ -1,0 +1,133 @@
+"""A response's head and body leave in one write (service.protocol._ResponseWriter).
+
+uvicorn writes the status line and headers, then the body, with two ``transport.write`` calls:
+two ``send`` system calls and two TCP segments per small answer. The protocol gives each request's
+cycle a writer that holds the head until the body's first bytes and writes both with one
+``writelines``. Checked on a recording transport (every path: head + body, informational answers,
+chunks, a close in between) and on the real server, where a small answer must arrive whole in one
+read (two segments: the first read would often see the head alone).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from service.protocol import _ResponseWriter
+from tests.service.test_e2e import Server
+from tests.service.wire import binary_request
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[bytes, ...]]] = []
+        self.closing = False
+
+    def write(self, data: bytes) -> None:
+        self.calls.append(("write", (bytes(data),)))
+
+    def writelines(self, lines) -> None:
+        self.calls.append(("writelines", tuple(bytes(x) for x in lines)))
+
+    def close(self) -> None:
+        self.calls.append(("close", ()))
+        self.closing = True
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\n"
+
+
+def test_the_head_waits_for_the_body_and_both_leave_in_one_call():
+    t = Recorder()
+    w = _ResponseWriter(t)
+    w.write(HEAD)
+    assert t.calls == []  # held
+    w.write(b"body")
+    assert t.calls == [("writelines", (HEAD, b"body"))]
+
+
+def test_an_empty_body_still_sends_the_head():
+    t = Recorder()
+    w = _ResponseWriter(t)
+    w.write(HEAD)
+    w.write(b"")  # uvicorn writes the body even when it is empty (HEAD, 204)
+    assert t.calls == [("writelines", (HEAD, b""))]
+
+
+def test_later_chunks_go_out_as_they_come():
+    t = Recorder()
+    w = _ResponseWriter(t)
+    w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    w.write(b"4\r\nabcd\r\n")
+    w.write(b"0\r\n\r\n")
+    assert [c[0] for c in t.calls] == ["writelines", "write"]
+    assert t.calls[1] == ("write", (b"0\r\n\r\n",))
+
+
+def test_an_informational_answer_is_not_held():
+    t = Recorder()
+    w = _ResponseWriter(t)
+    w.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # the client waits for it before it sends the body
+    assert t.calls == [("write", (b"HTTP/1.1 100 Continue\r\n\r\n",))]
+    w.write(HEAD)  # the real head, after it, is held as usual
+    w.write(b"body")
+    assert t.calls[1:] == [("writelines", (HEAD, b"body"))]
+
+
+def test_a_close_after_the_head_sends_the_head_first():
+    t = Recorder()
+    w = _ResponseWriter(t)
+    w.write(HEAD)
+    w.close()
+    assert t.calls == [("write", (HEAD,)), ("close", ())]
+    assert w.is_closing()
+
+
+def test_a_close_with_nothing_held_only_closes():
+    t = Recorder()
+    w = _ResponseWriter(t)
+    w.write(HEAD)
+    w.write(b"body")
+    w.close()
+    assert t.calls[-1] == ("close", ())
+    assert len(t.calls) == 2
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server(LU_WARMUP="false")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        if srv.proc.poll() is None:
+            srv.stop()
+
+
+def test_a_small_answer_arrives_whole_in_one_read(server):
+    """The real server (uvicorn, uvloop, our protocol): head and body in one segment, so the client's
+    first read returns the whole answer, every time, on a kept-alive connection."""
+    rng = np.random.default_rng(3)
+    body, headers = binary_request({"A": rng.standard_normal((8, 8)) + 8 * np.eye(8), "B": rng.standard_normal((8, 1))})
+    request = (
+        "POST /solve HTTP/1.1\r\nHost: t\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        + f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        for _ in range(30):
+            sock.sendall(request)
+            raw = sock.recv(1 << 20)  # one read
+            head, sep, content = raw.partition(b"\r\n\r\n")
+            assert sep, raw
+            assert head.startswith(b"HTTP/1.1 200"), head
+            length = next(
+                int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+            )
+            assert len(content) == length  # the body came with the head
