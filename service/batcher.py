@@ -176,8 +176,9 @@ def gather(
                     pending.append(item)
                     continue
                 # Most often a job is just like the first (clients sending the same kind of request): then
-                # its key and size are the first's, known without building them.
-                if like_first is not None and item.signature == like_first:
+                # its key and size are the first's, known without building them (the worker interns
+                # signatures: alike is identical, found without reading the tuples).
+                if like_first is not None and (item.signature is like_first or item.signature == like_first):
                     size = first_size
                 elif merge_key(item) == key:
                     size = _elements(item)

@@ -58,7 +58,7 @@ log = logging.getLogger("service.worker")
 T = TypeVar("T")
 
 
-@dataclass
+@dataclass(slots=True)  # the worker reads a few fields of every job it merges: no __dict__ to reach them through
 class _Job:
     name: str
     compute: Compute
@@ -85,6 +85,8 @@ class _InFlight:
 
 
 _STOP = object()
+#: Interned job signatures kept (kinds of jobs: operation, options, shapes, dtypes); past it the table starts over.
+_MAX_SIGNATURES = 256
 
 #: The worker thread's stack. OpenBLAS's threaded getrf (SciPy's build, reached for n > 256 on the
 #: CPU) puts ~0.5 MB frames on the caller's stack, recursively: n = 150 and 290 needed 3-5 MiB
@@ -134,6 +136,7 @@ class DeviceWorker:
         self._queue: queue.Queue[Any] = queue.Queue()
         self._max_queue = max_queue
         self._outboxes: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
+        self._signatures: dict[Any, Any] = {}  # interned job signatures (submit), at most _MAX_SIGNATURES
         self._submitted = 0  # jobs queued, counted on the event loop
         self._taken = 0  # jobs taken to run (or to drop), counted on the worker thread
         # Items of a group not looked at yet; run in order, after _pending.
@@ -225,11 +228,14 @@ class DeviceWorker:
         # Built here, on the event loop, so that the worker compares one value per job when it gathers a batch.
         # None: the job runs alone (batching off, an operation never merged, or a device whose answer
         # for it would depend on the batch: service.device.Device.merges).
-        sig = (
-            signature(name, compute, tensors, options)
-            if self._max_batch > 1 and name in MERGEABLE and self.device.merges(name, tensors)
-            else None
-        )
+        sig = None
+        if self._max_batch > 1 and name in MERGEABLE and self.device.merges(name, tensors):
+            # One object per kind of job (interned), so that the worker finds two jobs alike by identity,
+            # without reading the tuples the event loop built for each (on the other core's cache).
+            sig = signature(name, compute, tensors, options)
+            sig = self._signatures.setdefault(sig, sig)
+            if len(self._signatures) > _MAX_SIGNATURES:
+                self._signatures = {sig: sig}
         held = reservation.retain() if reservation is not None else None
         job = _Job(
             name, compute, tensors, options, loop.create_future(), loop, time.perf_counter(), held, deadline, sig

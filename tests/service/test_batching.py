@@ -657,3 +657,35 @@ async def test_jobs_handed_over_after_the_stop_are_answered():
     await asyncio.to_thread(stopper.join, 30)
     holder.join()
     assert not w._thread.is_alive()
+
+
+async def test_submit_interns_signatures_so_alike_jobs_share_one(monkeypatch):
+    """Jobs of one kind (operation, options, shapes, dtypes) carry the very same signature object, so that
+    gathering compares them by identity; another kind gets its own; the table stays bounded."""
+    import service.worker as worker_module
+
+    w = DeviceWorker(CpuDevice(), Metrics("cpu", "test"), max_queue=256, retry_after_s=1, max_batch=64)
+    w._accepting = True  # not started: the jobs stay queued, to be looked at
+    op = OPERATIONS["solve"]
+    rng = np.random.default_rng(5)
+
+    def tensors(n):
+        return {"A": rng.standard_normal((n, n)), "B": rng.standard_normal((n, 1))}  # fresh arrays each time
+
+    async def queued(sizes):
+        tasks = [asyncio.ensure_future(w.submit("solve", op.compute, tensors(n), dict(op.options))) for n in sizes]
+        for _ in range(3):
+            await asyncio.sleep(0)  # the submits run, then the loop's next pass hands the outbox over
+        jobs = [job for group in list(w._queue.queue) for job in group]
+        w._queue.queue.clear()
+        for t in tasks:
+            t.cancel()
+        return jobs
+
+    a, b, c = await queued([4, 4, 5])
+    assert a.signature is b.signature and a.tensors["A"] is not b.tensors["A"]
+    assert c.signature is not a.signature and c.signature != a.signature
+
+    monkeypatch.setattr(worker_module, "_MAX_SIGNATURES", 2)
+    await queued([6, 7, 8, 9])
+    assert len(w._signatures) <= 2
