@@ -190,6 +190,9 @@ def create_app(settings: Settings | None = None) -> ServiceApp:
             await anyio.to_thread.run_sync(worker.stop, settings.graceful_shutdown_s)
             if warming.is_alive():
                 await anyio.to_thread.run_sync(warming.join, settings.graceful_shutdown_s)
+            pinner = device.body_pinner()
+            if pinner is not None:  # the idle buffers unlocked, the pinning thread stopped
+                await anyio.to_thread.run_sync(pinner.close, settings.graceful_shutdown_s)
             ready.clear()
             log.info("stopped")
 
@@ -210,7 +213,9 @@ def create_app(settings: Settings | None = None) -> ServiceApp:
     app.state.ready = ready
     app.state.budget = budget
     # Request bodies are received into buffers reused across requests (service.bodies, transport.read_body).
-    app.state.bodies = BodyPool(settings.body_pool_bytes, budget)
+    # On a GPU the pool's idle buffers are page-locked in the background, so that later bodies received into
+    # them are uploaded without staging (service.pinning).
+    app.state.bodies = BodyPool(settings.body_pool_bytes, budget, device.body_pinner())
     metrics.watch_body_pool(app.state.bodies)
     install_handlers(app)
     app.include_router(health.router)

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.budget import MemoryBudget
+from service.pinning import BodyPinner
 
 __all__ = ["MIN_POOLED", "BodyLease", "BodyPool", "size_class"]
 
@@ -129,13 +130,18 @@ class BodyPool:
     budget
         The service's memory budget; the pool reserves what it keeps and gives it back on
         :meth:`reclaim`. ``None`` (tests) reserves nothing.
+    pinner
+        On a GPU (:meth:`service.device.Device.body_pinner`): told of each buffer that goes back
+        idle (to page-lock it, so that later bodies in it are uploaded without staging) and of each
+        buffer the pool lets go (to unlock it first). ``None``: nothing pinned.
     """
 
-    def __init__(self, idle_limit: int, budget: MemoryBudget | None = None) -> None:
+    def __init__(self, idle_limit: int, budget: MemoryBudget | None = None, pinner: BodyPinner | None = None) -> None:
         if idle_limit < 0:
             raise ValueError(f"idle_limit must be >= 0, got {idle_limit}")
         self.idle_limit = idle_limit
         self._budget = budget
+        self.pinner = pinner
         self._lock = threading.Lock()
         # Idle buffers, least recently returned first (for eviction), and by class (for lending).
         self._order: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -208,6 +214,11 @@ class BodyPool:
             self._held -= freed
             self.stats.dropped += len(evicted)
         self._give(freed + (0 if keep else capacity - size))
+        if self.pinner is not None:
+            for b in evicted if keep else [*evicted, buffer]:
+                self.pinner.drop(b)
+            if keep:
+                self.pinner.idle(buffer)
 
     def _evict_oldest(self) -> np.ndarray:
         # Under self._lock.
@@ -223,12 +234,17 @@ class BodyPool:
         Called by the budget when a reservation does not fit; returns the bytes given back.
         """
         freed = 0
+        evicted: list[np.ndarray] = []
         with self._lock:
             while freed < nbytes and self._order:
-                freed += int(self._evict_oldest().nbytes)
+                evicted.append(self._evict_oldest())
+                freed += int(evicted[-1].nbytes)
             self._held -= freed
             self.stats.reclaimed_bytes += freed
         self._give(freed)
+        if self.pinner is not None:
+            for b in evicted:
+                self.pinner.drop(b)
         return freed
 
     def clear(self) -> None:

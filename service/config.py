@@ -60,9 +60,10 @@ class Settings(BaseSettings):
         "a request that cannot fit answers 503 device_out_of_memory.",
     )
     gpu_pinned_bytes: int = Field(
-        1 << 30,
+        2 << 30,
         ge=0,
-        description="Most pinned host memory kept for upload and download buffers (0: pageable copies only).",
+        description="Most pinned host memory kept for upload and download buffers and page-locked receive "
+        "buffers (0: pageable copies only).",
     )
     gpu_host_max_n: int = Field(
         32,

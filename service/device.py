@@ -12,7 +12,9 @@ factorization store keeps them on the device).
 
 Device memory is bounded here, not in the routes. ``LU_GPU_MEMORY_BYTES`` (default
 80% of the device's memory at start) is the limit of CuPy's device pool, and
-``LU_GPU_PINNED_BYTES`` caps the pinned host pool used for staging. Before a job
+``LU_GPU_PINNED_BYTES`` caps the pinned host memory: staging buffers, download buffers and the
+body pool's page-locked receive buffers (:mod:`service.pinning`: an input that lies in one is
+uploaded from where it arrived, without staging). Before a job
 is queued, :meth:`Device.check_fits` refuses a request whose need, known from its
 shapes, can never fit, or does not fit beside the stored factorizations the device
 holds (503 ``device_out_of_memory`` with ``Retry-After``, nothing uploaded). An
@@ -43,6 +45,7 @@ import numpy as np
 from lu_core._gpu import _tuning as _gpu_tuning  # the GPU dispatch table: plain Python, no CuPy import
 from service.config import Settings
 from service.errors import ServiceError, unavailable
+from service.pinning import BodyPinner
 
 if TYPE_CHECKING:
     from service.metrics import Metrics
@@ -63,6 +66,7 @@ log = logging.getLogger("service.device")
 # LU_GPU_MEMORY_BYTES when unset: the rest is left to cuSOLVER/cuBLAS handles, the CUDA
 # context and other processes' needs (nvidia-smi, a profiler).
 DEFAULT_MEMORY_FRACTION = 0.8
+_HOST_REGISTER_PORTABLE = 1  # cudaHostRegisterPortable: page-locked for every CUDA context
 
 Compute = Callable[[Mapping[str, Any], Mapping[str, bool]], dict[str, Any]]
 T = TypeVar("T")
@@ -246,6 +250,10 @@ class Device:
 
     def release_memory(self) -> None:
         """Give cached memory back after an out-of-memory error."""
+
+    def body_pinner(self) -> BodyPinner | None:
+        """What page-locks the body pool's idle buffers for this device (:mod:`service.pinning`); None on the CPU."""
+        return None
 
     # ------------------------------------------------------------------ running a job
 
@@ -437,6 +445,17 @@ class GpuDevice(Device):
             self._pool.set_limit(size=self.memory_limit)
         self._streams: tuple[Any, Any, Any] | None = None
         self._staging = PinnedStaging(cupy, pinned_limit)
+        runtime = cupy.cuda.runtime
+        self._pinner = BodyPinner(
+            register=lambda ptr, nbytes: runtime.hostRegister(ptr, nbytes, _HOST_REGISTER_PORTABLE),
+            unregister=runtime.hostUnregister,
+            reserve=self._staging.reserve,
+            unreserve=self._staging.unreserve,
+            thread_init=cupy.cuda.Device(index).use,
+        )
+
+    def body_pinner(self) -> BodyPinner:
+        return self._pinner
 
     @property
     def name(self) -> str:
@@ -498,6 +517,12 @@ class GpuDevice(Device):
         cp = self._cp
         if isinstance(a, cp.ndarray):  # already on the device (a stored factorization's LU and pivots)
             return a
+        if not isinstance(a, list) and self._pinner.covers(a):
+            # In a page-locked receive buffer (service.pinning): copied from where it arrived, asynchronously.
+            # The request's body is held by its job until the job's result is collected, after this copy.
+            dev = cp.empty(a.shape, a.dtype)
+            dev.set(a, stream=stream)
+            return dev
         host = self._staging.stage(a, staged)
         if host is None:  # small, or over the pinned cap: a plain, synchronous copy
             return cp.asarray(np.concatenate(a) if isinstance(a, list) else a)
@@ -751,6 +776,20 @@ class PinnedStaging:
         else:
             np.copyto(host, a)
         return host
+
+    def reserve(self, nbytes: int) -> bool:
+        """Count ``nbytes`` of other pinned memory (page-locked receive buffers, :mod:`service.pinning`)
+        under the cap; False when they do not fit. Never drops idle staging buffers for them: those
+        serve every request, a receive buffer only bodies of its size."""
+        with self._lock:
+            if self.limit is not None and self.held_bytes + nbytes > self.limit:
+                return False
+            self.held_bytes += nbytes
+            return True
+
+    def unreserve(self, nbytes: int) -> None:
+        with self._lock:
+            self.held_bytes -= nbytes
 
     def release(self, taken: list[tuple[int, Any]]) -> None:
         """Back to the free list (after the copies that read them have completed)."""

@@ -149,6 +149,12 @@ class Metrics:
         Gauge(
             "lu_body_pool_reuses", "Request bodies received into a reused buffer since start.", registry=r
         ).set_function(lambda: pool.stats.hits)
+        if pool.pinner is not None:  # a GPU: idle buffers page-locked for direct uploads (service.pinning)
+            Gauge(
+                "lu_body_pool_pinned_bytes",
+                "Receive buffers page-locked for direct uploads (counted in lu_pinned_memory_in_use_bytes).",
+                registry=r,
+            ).set_function(lambda: pool.pinner.pinned_bytes)
 
     def watch_store(self, store: Any) -> None:
         """Export a :class:`service.store.FactorizationStore`'s counters, read at each scrape."""

@@ -193,3 +193,18 @@ def test_the_device_collects_the_gpu_tests_elsewhere_without_dev_only_packages()
                           text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert re.search(r"\d+ tests? collected|\d+/\d+ tests collected", done.stdout), done.stdout[-2000:]
+
+
+def test_the_transfer_check_reads_unlabelled_gauges_from_metrics():
+    """_proof_service._metric, which the 256 MiB transfer checks poll (they run on a device only)."""
+    from types import SimpleNamespace
+
+    from bench import _proof_service
+
+    text = (
+        "# HELP lu_body_pool_pinned_bytes x\n# TYPE lu_body_pool_pinned_bytes gauge\n"
+        "lu_body_pool_pinned_bytes 3.3554432e+08\nlu_body_pool_pinned_bytes_other 1\n"
+    )
+    http = SimpleNamespace(get=lambda path: SimpleNamespace(text=text if path == "/metrics" else ""))
+    assert _proof_service._metric(http, "lu_body_pool_pinned_bytes") == 335544320.0
+    assert _proof_service._metric(http, "lu_absent") == 0.0

@@ -291,6 +291,13 @@ async def test_worker_busy_and_cpu_time_are_counted(worker):
     assert after[0] > before[0] and after[1] > before[1]
 
 
+def no_pinner():
+    """A GpuDevice's body pinner that pins nothing (service.pinning; the stand-in device has no driver)."""
+    from service.pinning import BodyPinner
+
+    return BodyPinner(lambda ptr, n: None, lambda ptr: None, lambda n: False, lambda n: None)
+
+
 class _FakeCupy:
     """Just enough of CuPy for GpuDevice._upload and PinnedStaging, counting host-to-device copies."""
 
@@ -329,7 +336,7 @@ def test_gpu_stacked_batch_is_built_once_and_copied_in_once(n):
 
     cp = _FakeCupy()
     device = object.__new__(GpuDevice)  # no GPU here: the upload path with a stand-in for CuPy
-    device._cp, device._staging = cp, PinnedStaging(cp, None)
+    device._cp, device._staging, device._pinner = cp, PinnedStaging(cp, None), no_pinner()
     rng = np.random.default_rng(11)
     parts = [rand(rng, (k, n, n), np.float64) for k in (1, 3, 2, 1)]
     staged: list = []

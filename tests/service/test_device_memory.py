@@ -209,7 +209,7 @@ def test_gpu_host_max_n_default_and_environment(monkeypatch):
 
 def test_gpu_memory_settings_defaults_and_environment(monkeypatch):
     s = Settings()
-    assert s.gpu_memory_bytes is None and s.gpu_pinned_bytes == 1 << 30
+    assert s.gpu_memory_bytes is None and s.gpu_pinned_bytes == 2 << 30
     monkeypatch.setenv("LU_GPU_MEMORY_BYTES", str(3 << 30))
     monkeypatch.setenv("LU_GPU_PINNED_BYTES", "0")
     s = Settings()

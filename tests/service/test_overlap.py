@@ -21,7 +21,7 @@ from service.errors import ServiceError
 from service.metrics import Metrics
 from service.operations import OPERATIONS
 from service.worker import DeviceWorker
-from tests.service.test_batching import _FakeCupy
+from tests.service.test_batching import _FakeCupy, no_pinner
 
 SOLVE = OPERATIONS["solve"]
 
@@ -535,6 +535,7 @@ def test_a_gpu_job_keeps_its_inputs_and_staging_buffers_until_its_result_is_coll
     cp = _StreamingCupy()
     device = object.__new__(GpuDevice)
     device._cp, device._staging, device.metrics, device._stage_children = cp, PinnedStaging(cp, None), None, {}
+    device._pinner = no_pinner()
     device._streams = (cp.Stream(), cp.Stream(), cp.Stream())
     seen: list[weakref.ref] = []
 
@@ -592,6 +593,7 @@ def test_gpu_answers_come_down_into_pinned_buffers_that_return_when_the_answer_i
     device = object.__new__(GpuDevice)
     device._cp, device.metrics, device._stage_children = cp, None, {}
     device._staging = PinnedStaging(cp, 3 << 17)  # room for three 128 KiB buffers
+    device._pinner = no_pinner()
     device._streams = (cp.Stream(), cp.Stream(), cp.Stream())
 
     def compute(tensors, options):
@@ -652,6 +654,7 @@ def test_a_gpu_service_computes_small_matrices_on_the_host_and_large_ones_on_the
     device = object.__new__(GpuDevice)
     device._cp, device.metrics, device._stage_children = cp, Metrics("gpu", "test"), {}
     device._staging, device.host_max_n = PinnedStaging(cp, None), 32
+    device._pinner = no_pinner()
     device._streams = (cp.Stream(), cp.Stream(), cp.Stream())
     solve = OPERATIONS["solve"].compute
     assert operation_name(solve) == "solve"
