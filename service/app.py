@@ -190,9 +190,6 @@ def create_app(settings: Settings | None = None) -> ServiceApp:
             await anyio.to_thread.run_sync(worker.stop, settings.graceful_shutdown_s)
             if warming.is_alive():
                 await anyio.to_thread.run_sync(warming.join, settings.graceful_shutdown_s)
-            pinner = device.body_pinner()
-            if pinner is not None:  # the idle buffers unlocked, the pinning thread stopped
-                await anyio.to_thread.run_sync(pinner.close, settings.graceful_shutdown_s)
             ready.clear()
             log.info("stopped")
 

@@ -213,12 +213,8 @@ class BodyPool:
             freed = sum(int(b.nbytes) for b in evicted)
             self._held -= freed
             self.stats.dropped += len(evicted)
+            self._tell_pinner(evicted if keep else [*evicted, buffer], buffer if keep else None)
         self._give(freed + (0 if keep else capacity - size))
-        if self.pinner is not None:
-            for b in evicted if keep else [*evicted, buffer]:
-                self.pinner.drop(b)
-            if keep:
-                self.pinner.idle(buffer)
 
     def _evict_oldest(self) -> np.ndarray:
         # Under self._lock.
@@ -241,15 +237,21 @@ class BodyPool:
                 freed += int(evicted[-1].nbytes)
             self._held -= freed
             self.stats.reclaimed_bytes += freed
+            self._tell_pinner(evicted, None)
         self._give(freed)
-        if self.pinner is not None:
-            for b in evicted:
-                self.pinner.drop(b)
         return freed
 
     def clear(self) -> None:
         """Free every idle buffer (shutdown, tests)."""
         self.reclaim(self._idle_bytes)
+
+    def _tell_pinner(self, dropped: list[np.ndarray], kept: np.ndarray | None) -> None:
+        """Under ``_lock``, so that a buffer let go here cannot be pinned by a concurrent give-back after."""
+        if self.pinner is not None:
+            for b in dropped:
+                self.pinner.drop(b)
+            if kept is not None:
+                self.pinner.idle(kept)
 
     def _take(self, nbytes: int) -> bool:
         return self._budget is None or self._budget.take_quietly(nbytes)

@@ -728,6 +728,8 @@ class PinnedStaging:
             if free:
                 return free.pop()
             if self.limit is not None and self.held_bytes + size > self.limit:
+                if self.held_bytes - self._idle_bytes() + size > self.limit:
+                    return None  # no room even with every idle buffer dropped (receive buffers pinned)
                 self._drop_idle(self.limit - size)  # idle buffers of other sizes, largest first, until room
                 if self.held_bytes + size > self.limit:
                     return None
@@ -808,6 +810,10 @@ class PinnedStaging:
         """Drop the idle buffers and hand them back to the driver."""
         with self._lock:
             self._clear()
+
+    def _idle_bytes(self) -> int:
+        """Bytes of the idle buffers (under ``_lock``, after :meth:`_drain`)."""
+        return sum(size * len(bufs) for size, bufs in self._free.items())
 
     def _drain(self) -> None:
         """Leased buffers whose answers are gone back to the free list (under ``_lock``)."""

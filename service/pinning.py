@@ -24,9 +24,13 @@ buffer that does not fit is simply not pinned. The buffers' bytes are the body p
 pool lets go outlives its reservation by the time its unregistration takes on the pinning thread).
 
 Safety. A tensor is uploaded without staging only while its buffer is registered, and a lent
-buffer (one a request's tensors are in) is never unregistered: only idle buffers are dropped.
-If registering fails (a driver or container that refuses to lock pages), the pinner logs it once
-and stops pinning; uploads go on through the staging buffers.
+buffer (one a request's tensors are in) is never unregistered: only buffers the pool drops, which
+are idle, are (nothing unpins at shutdown: the driver lets go of a process's pages when it exits).
+The pool calls :meth:`BodyPinner.idle` and :meth:`BodyPinner.drop` under its own lock, so a buffer
+it has let go cannot be pinned after. If registering fails ``FAILURES_TO_STOP`` times in a row (a
+driver or container that refuses to lock pages), the pinner logs it and stops pinning; uploads go
+on through the staging buffers. A buffer whose unregistration fails is kept (never freed while
+its pages may still be locked) and stays counted.
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class BodyPinner:
     """
 
     MIN_BYTES = 1 << 20
+    FAILURES_TO_STOP = 3
 
     def __init__(
         self,
@@ -85,19 +90,22 @@ class BodyPinner:
         self._lock = threading.Lock()
         self._pins: dict[int, _Pin] = {}  # id(buffer) -> its pin, for the buffers the pool holds
         self._tasks: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()  # (op, a pin or an Event)
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # started with the first task, runs for the process's life
         self._registered: list[_Pin] = []  # the pinning thread's own list
+        self._stuck: list[_Pin] = []  # unregistering failed: kept, never freed (the pinning thread's own)
         # Start and end addresses of the registered buffers, sorted: replaced whole by the pinning thread,
         # read without a lock by covers() (one reference read).
         self._index: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
         self.pinned_bytes = 0  # registered now
-        self.failed = False  # registering failed once: no more pinning
+        self._failures = 0  # registrations failed in a row
+        self.failed = False  # FAILURES_TO_STOP in a row: no more pinning
 
     # ------------------------------------------------------------------ the pool's side
 
     def idle(self, buffer: np.ndarray) -> None:
         """``buffer`` went back to the pool, idle: pin it (in the background) unless it is already,
-        small, or over the pinned cap."""
+        small, or over the pinned cap. Called under the pool's lock (cheap: a lookup, a reservation, a
+        queued task)."""
         if self.failed or buffer.nbytes < self.MIN_BYTES:
             return
         with self._lock:
@@ -110,7 +118,7 @@ class BodyPinner:
 
     def drop(self, buffer: np.ndarray) -> None:
         """The pool lets go of ``buffer``: unpin it first (in the background, in order; the pin holds
-        the buffer until then, so its pages are not freed while registered)."""
+        the buffer until then, so its pages are not freed while registered). Under the pool's lock."""
         with self._lock:
             pin = self._pins.pop(id(buffer), None)
         if pin is not None:
@@ -128,33 +136,19 @@ class BodyPinner:
         i = bisect_right(starts, begin) - 1
         return i >= 0 and begin + a.nbytes <= ends[i]
 
-    # ------------------------------------------------------------------ lifecycle
-
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every task queued so far is done (tests, the GPU proof); False on timeout."""
+        """Wait until every task queued so far is done (tests); False on timeout."""
         done = threading.Event()
         self._submit("mark", done)
         return done.wait(timeout)
 
-    def close(self, timeout: float | None = None) -> None:
-        """Unpin every buffer and stop the thread (shutdown); the pool's buffers stay, unpinned."""
-        with self._lock:
-            pins, self._pins = list(self._pins.values()), {}
-        for pin in pins:
-            pin.dropped = True
-            self._submit("unpin", pin)
-        thread = self._thread
-        if thread is not None and thread.is_alive():
-            self._tasks.put(("stop", None))
-            thread.join(timeout)
-            self._thread = None
-
     def _submit(self, op: str, item: Any) -> None:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="lu-body-pinning", daemon=True)
-                self._thread.start()
-            self._tasks.put((op, item))
+        self._tasks.put((op, item))
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="lu-body-pinning", daemon=True)
+                    self._thread.start()
 
     # ------------------------------------------------------------------ the pinning thread
 
@@ -167,8 +161,6 @@ class BodyPinner:
                 self.failed = True
         while True:
             op, item = self._tasks.get()
-            if op == "stop":
-                return
             if op == "mark":
                 item.set()
                 continue
@@ -189,11 +181,19 @@ class BodyPinner:
         try:
             self._register(buffer.ctypes.data, int(buffer.nbytes))
         except Exception as exc:
-            if not self.failed:
-                log.warning("page-locking receive buffers failed (%s); uploads go through the staging buffers", exc)
-            self.failed = True
-            self._let_go(pin)
+            self._failures += 1
+            if self._failures >= self.FAILURES_TO_STOP:
+                self.failed = True
+                log.warning(
+                    "page-locking receive buffers failed %d times in a row (%s); no more pinning, uploads go "
+                    "through the staging buffers", self._failures, exc,
+                )  # fmt: skip
+            self._let_go(pin)  # stays in the pool unpinned; tried again the next time it goes back idle
+            with self._lock:
+                if self._pins.get(id(buffer)) is pin:
+                    del self._pins[id(buffer)]
             return
+        self._failures = 0
         pin.registered = True
         self._registered.append(pin)
         self.pinned_bytes += int(buffer.nbytes)
@@ -203,9 +203,15 @@ class BodyPinner:
         if pin.registered:
             self._registered.remove(pin)
             self._publish()  # out of the index before the pages are unlocked
+            try:
+                self._unregister(pin.buffer.ctypes.data)
+            except Exception:
+                # Its pages may still be locked: never freed, still counted (pinned_bytes, the cap).
+                log.exception("unregistering a receive buffer failed; it is kept")
+                self._stuck.append(pin)
+                return
             pin.registered = False
             self.pinned_bytes -= int(pin.buffer.nbytes)
-            self._unregister(pin.buffer.ctypes.data)
         self._let_go(pin)
         pin.buffer = None  # type: ignore[assignment]  # the last reference the pinner held
 

@@ -207,17 +207,19 @@ class _ResponseWriter:
     two system calls and the client two reads. This stands in for the connection in the request's
     cycle (``RequestResponseCycle.transport``: ``write``, ``close`` and ``is_closing``): the head is held
     until the next write and both leave in one ``writelines`` (one ``writev`` with uvloop, no copy).
-    Nothing waits on it: uvicorn writes the body right after the head (an empty one too), and a
-    connection closed in between sends the head first. An informational answer (``100 Continue``) is
-    not a head: it goes out at once.
+    uvicorn writes a body right after its head (an empty one too, and the service's answers send
+    their first chunk at once; a streamed answer's head would wait for its first chunk), except for
+    ``HEAD``, whose head is not held (``hold=False``). A head still held when the response completes
+    (:meth:`flush`, from the protocol's ``on_response_complete``) or the connection is closed goes out
+    then. An informational answer (``100 Continue``) is not a head: it goes out at once.
     """
 
     __slots__ = ("_held", "_started", "_transport")
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, hold: bool = True) -> None:
         self._transport = transport
         self._held: bytes | None = None
-        self._started = False
+        self._started = not hold  # nothing held: every write goes out as it comes
 
     def write(self, data: bytes) -> None:
         held = self._held
@@ -230,10 +232,14 @@ class _ResponseWriter:
             self._started = True
             self._held = data
 
-    def close(self) -> None:
+    def flush(self) -> None:
+        """Send the head if it is still held."""
         held, self._held = self._held, None
         if held is not None and not self._transport.is_closing():
             self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
         self._transport.close()
 
     def is_closing(self) -> bool:
@@ -302,7 +308,8 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.scope is self.scope:
-            self.cycle.transport = _ResponseWriter(self.transport)  # type: ignore[assignment]
+            writer = _ResponseWriter(self.transport, hold=self.scope["method"] != "HEAD")
+            self.cycle.transport = writer  # type: ignore[assignment]
             self._sink = BodySink(self.cycle, self)
             self.scope[BODY_SINK] = self._sink  # type: ignore[literal-required]
 
@@ -327,6 +334,9 @@ class _BoundedProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = self.loop.call_later(self.keep_alive_s, self.timeout_keep_alive_handler)
 
     def on_response_complete(self) -> None:
+        writer = getattr(self.cycle, "transport", None)
+        if isinstance(writer, _ResponseWriter):
+            writer.flush()  # a head no body write followed (none expected: the writer's doc), before what comes next
         super().on_response_complete()
         if not self._in_headers:
             # The request's body is still arriving (an early answer): it is not idle, and the read

@@ -33,7 +33,9 @@ class Driver:
         self.gate = threading.Event()
         self.gate.set()
         self.alive_at_unregister: list[bool] = []
+        self.covered_at_unregister: list[bool] = []
         self.watch: weakref.ref | None = None
+        self.pinner_made: BodyPinner | None = None
 
     def register(self, ptr: int, nbytes: int) -> None:
         self.gate.wait(10)
@@ -47,6 +49,8 @@ class Driver:
         assert ptr in self.live, "unregistered what was not registered"
         if self.watch is not None:
             self.alive_at_unregister.append(self.watch() is not None)
+            if self.watch() is not None and self.pinner_made is not None:
+                self.covered_at_unregister.append(self.pinner_made.covers(self.watch()))
         self.calls.append(("unregister", ptr, self.live.pop(ptr)))
 
     def reserve(self, nbytes: int) -> bool:
@@ -60,7 +64,8 @@ class Driver:
         assert self.reserved >= 0
 
     def pinner(self) -> BodyPinner:
-        return BodyPinner(self.register, self.unregister, self.reserve, self.unreserve)
+        self.pinner_made = BodyPinner(self.register, self.unregister, self.reserve, self.unreserve)
+        return self.pinner_made
 
 
 def tensor_in(lease, nbytes: int = 1 << 16, offset: int = 128) -> np.ndarray:
@@ -116,6 +121,7 @@ def test_a_buffer_the_pool_lets_go_is_unpinned_first_and_kept_alive_until_then()
     assert pool.pinner.flush(10)
     assert d.calls[-1] == ("unregister", ptr, nbytes)
     assert d.alive_at_unregister == [True]  # its pages were not freed while registered
+    assert d.covered_at_unregister == [False]  # and no upload could take it for pinned any more
     gc.collect()
     assert d.watch() is None  # and the pinner let go of it after
     assert pool.pinner.pinned_bytes == 0 and d.reserved == 0 and pool.pinner._index == ((), ())
@@ -136,6 +142,32 @@ def test_evicted_and_unkept_buffers_are_unpinned():
     assert not d.live and d.reserved == 0
 
 
+def test_a_pinned_buffer_the_budget_will_not_keep_is_unpinned():
+    class Tight:  # service.budget.MemoryBudget's face to the pool; refuses to keep anything idle
+        def __init__(self) -> None:
+            self.refuse = False
+
+        def add_reclaimer(self, fn) -> None:
+            pass
+
+        def take_quietly(self, nbytes: int) -> bool:
+            return not self.refuse
+
+        def give(self, nbytes: int) -> None:
+            pass
+
+    d, budget = Driver(), Tight()
+    pool = BodyPool(64 * MiB, budget, d.pinner())  # type: ignore[arg-type]
+    lease = pool.take(3 * MiB)
+    lease.release()
+    assert pool.pinner.flush(10) and len(d.live) == 1
+    lease = pool.take(3 * MiB)  # lent again, pinned
+    budget.refuse = True
+    lease.release()  # the budget has no room to keep it idle: freed, so unpinned first
+    assert pool.pinner.flush(10)
+    assert [c[0] for c in d.calls] == ["register", "unregister"] and not d.live and d.reserved == 0
+
+
 def test_a_buffer_dropped_before_its_registration_ran_is_never_left_registered():
     d = Driver()
     d.gate.clear()  # the pinning thread blocks in its first registration
@@ -154,31 +186,91 @@ def test_a_driver_that_refuses_stops_pinning_and_nothing_else(caplog):
     d = Driver(fail=True)
     pool = BodyPool(64 * MiB, None, d.pinner())
     with caplog.at_level(logging.WARNING, logger="service.pinning"):
-        for size in (2 * MiB, 3 * MiB):
+        for size in (2 * MiB, 3 * MiB, 5 * MiB, 9 * MiB):  # each refused; the third in a row stops pinning
             lease = pool.take(size)
             lease.release()
             assert pool.pinner.flush(10)
     assert pool.pinner.failed and not d.calls and d.reserved == 0
-    assert sum("page-locking receive buffers failed" in r.getMessage() for r in caplog.records) == 1
+    assert sum("no more pinning" in r.getMessage() for r in caplog.records) == 1
     lease = pool.take(2 * MiB)  # bodies are still received, into the pool's buffers
     assert lease.reused and not pool.pinner.covers(tensor_in(lease))
     lease.release()
+    assert pool.pinner.flush(10) and d.reserved == 0
 
 
-def test_close_unpins_everything_and_pinning_starts_again_after():
-    d = Driver()
+def test_a_refusal_now_and_then_does_not_stop_pinning():
+    d = Driver(fail=True)
     pool = BodyPool(64 * MiB, None, d.pinner())
     for size in (2 * MiB, 3 * MiB):
         lease = pool.take(size)
         lease.release()
+    assert pool.pinner.flush(10) and not pool.pinner.failed and d.reserved == 0
+    d.fail = False
+    lease = pool.take(2 * MiB)  # the same buffer, back idle again: tried again, pinned
+    lease.release()
     assert pool.pinner.flush(10)
-    assert len(d.live) == 2
-    pool.pinner.close(10)
-    assert not d.live and d.reserved == 0 and pool.idle_bytes > 0  # the buffers stay in the pool, unlocked
+    assert [c[0] for c in d.calls] == ["register"] and d.reserved == d.calls[0][2]
+
+
+def test_a_buffer_whose_unregistration_fails_is_kept_and_stays_counted(caplog):
+    d = Driver()
+    pool = BodyPool(64 * MiB, None, d.pinner())
     lease = pool.take(2 * MiB)
-    lease.release()  # back idle after a restart: pinned again
+    lease.release()
     assert pool.pinner.flush(10)
-    assert len(d.live) == 1
+    buffer = pool._by_class[lease.capacity][0]
+    watch = weakref.ref(buffer)
+    del buffer, lease
+
+    def refuse(ptr):
+        raise RuntimeError("cudaErrorCudartUnloading")
+
+    pool.pinner._unregister = refuse
+    with caplog.at_level(logging.ERROR, logger="service.pinning"):
+        pool.clear()
+        assert pool.pinner.flush(10)
+    gc.collect()
+    assert watch() is not None  # its pages may still be locked: never freed
+    assert pool.pinner.pinned_bytes == d.reserved > 0 and not pool.pinner.covers(np.ones(1))
+    assert any("unregistering a receive buffer failed" in r.getMessage() for r in caplog.records)
+
+
+def test_the_pool_tells_the_pinner_under_its_lock():
+    """So that a buffer the pool lets go cannot be pinned by a concurrent give-back after it was dropped."""
+    pool = BodyPool(4 * MiB, None)
+    seen: list[tuple[str, bool]] = []
+
+    class Spy:
+        def idle(self, buffer):
+            seen.append(("idle", pool._lock.locked()))
+
+        def drop(self, buffer):
+            seen.append(("drop", pool._lock.locked()))
+
+    pool.pinner = Spy()  # type: ignore[assignment]
+    a, b = pool.take(3 * MiB), pool.take(3 * MiB)
+    a.release()  # kept
+    b.release()  # kept, a evicted
+    pool.reclaim(1)  # b
+    assert [op for op, _ in seen] == ["idle", "drop", "idle", "drop"]
+    assert all(locked for _, locked in seen)
+
+
+def test_staging_does_not_drop_its_idle_buffers_when_that_cannot_make_room():
+    """With receive buffers pinned under the same cap, dropping every idle staging buffer may still not make
+    room: then nothing is dropped (a ``cudaFreeHost`` each, and the buffers are needed next time)."""
+    from service.device import PinnedStaging
+    from tests.service.test_device_memory import HostAllocator
+
+    staging = PinnedStaging(HostAllocator(), limit=8 * MiB)
+    idle = staging.take(2 * MiB)
+    staging.release([idle])
+    assert staging.reserve(5 * MiB)  # a pinned receive buffer
+    assert staging.take(4 * MiB) is None  # 5 + 4 > 8 even without the idle 2 MiB buffer
+    assert staging.idle() == 1 and staging.held_bytes == 7 * MiB
+    assert staging.take(2 * MiB) == idle  # still there
+    staging.unreserve(5 * MiB)
+    assert staging.held_bytes == 2 * MiB
 
 
 @pytest.mark.parametrize("pinned", [True, False])

@@ -56,8 +56,26 @@ def test_an_empty_body_still_sends_the_head():
     t = Recorder()
     w = _ResponseWriter(t)
     w.write(HEAD)
-    w.write(b"")  # uvicorn writes the body even when it is empty (HEAD, 204)
+    w.write(b"")  # uvicorn writes the body even when it is empty (204, an empty answer)
     assert t.calls == [("writelines", (HEAD, b""))]
+
+
+def test_a_head_request_s_head_is_not_held():
+    t = Recorder()
+    w = _ResponseWriter(t, hold=False)  # HEAD: uvicorn writes no body at all
+    w.write(HEAD)
+    assert t.calls == [("write", (HEAD,))]
+
+
+def test_flush_sends_a_head_still_held():
+    t = Recorder()
+    w = _ResponseWriter(t)
+    w.write(HEAD)
+    w.flush()  # the response completed without a body write (the protocol's on_response_complete)
+    w.flush()
+    assert t.calls == [("write", (HEAD,))]
+    w.write(b"late")
+    assert t.calls[-1] == ("write", (b"late",))
 
 
 def test_later_chunks_go_out_as_they_come():
@@ -131,3 +149,24 @@ def test_a_small_answer_arrives_whole_in_one_read(server):
                 int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
             )
             assert len(content) == length  # the body came with the head
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/metrics", "/solve"])
+def test_head_requests_are_answered_at_once_and_the_connection_stays_in_step(server, path):
+    """HEAD (a load balancer's probe, ``curl -I``): uvicorn writes no body, so the head must not wait for
+    one; the next request on the connection gets its own answer, not the HEAD's."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+        raw = b""
+        while b"\r\n\r\n" not in raw:
+            chunk = sock.recv(65536)  # within the timeout: a held head would never come
+            assert chunk, raw
+            raw += chunk
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 ") and rest == b""  # no body for HEAD
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        raw = b""
+        while b"\r\n\r\n" not in raw:
+            raw += sock.recv(65536)
+        assert raw.startswith(b"HTTP/1.1 200")
+        assert b'"status"' in raw or b"ok" in raw.lower()
