@@ -159,8 +159,10 @@ def end_to_end(p: Proof) -> Outcome:
     env["PYTHONPATH"] = os.pathsep.join((str(ROOT / "clients"), env["PYTHONPATH"]))
     # LU_GPU_HOST_MAX_N=0: every check computes on the device (the small requests below would otherwise be
     # computed on the host, and the proof would not see the GPU service path, nor its merges).
+    # LU_BODY_POOL_BYTES: room for both 256 MiB transfer checks' receive buffers (320 + 256 MiB), so that
+    # keeping the second does not evict the first (and its pinned bytes) while the proof watches the gauge.
     server = Server(env, LU_WARMUP="true", LU_MAX_REQUEST_BYTES=str(1 << 30), LU_MAX_ELEMENTS=str(1 << 28),
-                    LU_GPU_HOST_MAX_N="0")  # fmt: skip
+                    LU_GPU_HOST_MAX_N="0", LU_BODY_POOL_BYTES=str(1 << 30))  # fmt: skip
     checks = Checks(p, "service")
     rng = np.random.default_rng(20)
     deadline = time.monotonic() + p.limit("service")
@@ -368,8 +370,11 @@ def _transfer_budget(http: Any, op: str) -> str:
         parts = ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in stages.items())
         said.append(f"{label}: device part {device * 1e3:.1f} ms ({parts}) = {device / bare:.2f}x; "
                     f"round trip {wall * 1e3:.0f} ms")  # fmt: skip
-    return (f"{'; '.join(said)}; a bare pinned copy {bare * 1e3:.1f} ms (target <= 1.3x, again); "
+    text = (f"{'; '.join(said)}; a bare pinned copy {bare * 1e3:.1f} ms (target <= 1.3x, again); "
             f"receive buffers page-locked before again: {(pinned - before_pinned) / 2**20:.0f} MiB more")  # fmt: skip
+    if pinned - before_pinned < len(body):
+        raise AssertionError(f"the body's receive buffer was not page-locked within 10 s (service.pinning): {text}")
+    return text
 
 
 def _stored(http: Any, rng: np.random.Generator) -> str:

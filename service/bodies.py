@@ -35,6 +35,7 @@ kept idle only when the budget has room for it, else it is freed.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ from service.budget import MemoryBudget
 from service.pinning import BodyPinner
 
 __all__ = ["MIN_POOLED", "BodyLease", "BodyPool", "size_class"]
+
+log = logging.getLogger("service.bodies")
 
 # Below this a body is not pooled: malloc serves it from its heap, with no page faults to save.
 MIN_POOLED = 64 << 10
@@ -246,12 +249,17 @@ class BodyPool:
         self.reclaim(self._idle_bytes)
 
     def _tell_pinner(self, dropped: list[np.ndarray], kept: np.ndarray | None) -> None:
-        """Under ``_lock``, so that a buffer let go here cannot be pinned by a concurrent give-back after."""
-        if self.pinner is not None:
+        """Under ``_lock``, so that a buffer let go here cannot be pinned by a concurrent give-back after.
+        Pinning only speeds uploads up: a failure in it is logged, never lets the pool's accounting down."""
+        if self.pinner is None:
+            return
+        try:
             for b in dropped:
                 self.pinner.drop(b)
             if kept is not None:
                 self.pinner.idle(kept)
+        except Exception:
+            log.exception("telling the body pinner failed; the pool goes on")
 
     def _take(self, nbytes: int) -> bool:
         return self._budget is None or self._budget.take_quietly(nbytes)

@@ -722,18 +722,23 @@ class PinnedStaging:
         if nbytes < self.MIN_BYTES:
             return None
         size = 1 << (nbytes - 1).bit_length()
-        with self._lock:
-            self._drain()
-            free = self._free.get(size)
-            if free:
-                return free.pop()
-            if self.limit is not None and self.held_bytes + size > self.limit:
-                if self.held_bytes - self._idle_bytes() + size > self.limit:
-                    return None  # no room even with every idle buffer dropped (receive buffers pinned)
-                self._drop_idle(self.limit - size)  # idle buffers of other sizes, largest first, until room
-                if self.held_bytes + size > self.limit:
-                    return None
-            self.held_bytes += size  # counted before the allocation, so that two takers stay under the cap
+        dropped = 0
+        try:
+            with self._lock:
+                self._drain()
+                free = self._free.get(size)
+                if free:
+                    return free.pop()
+                if self.limit is not None and self.held_bytes + size > self.limit:
+                    if self.held_bytes - self._idle_bytes() + size > self.limit:
+                        return None  # no room even with every idle buffer dropped (receive buffers pinned)
+                    dropped = self._drop_idle(self.limit - size)  # other sizes, largest first, until room
+                    if self.held_bytes + size > self.limit:
+                        return None
+                self.held_bytes += size  # counted before the allocation, so that two takers stay under the cap
+        finally:
+            if dropped:
+                self._to_driver()
         try:
             return (size, self._cp.cuda.alloc_pinned_memory(size))
         except BaseException:
@@ -809,7 +814,9 @@ class PinnedStaging:
     def clear(self) -> None:
         """Drop the idle buffers and hand them back to the driver."""
         with self._lock:
-            self._clear()
+            dropped = self._drop_idle(0)
+        if dropped:
+            self._to_driver()
 
     def _idle_bytes(self) -> int:
         """Bytes of the idle buffers (under ``_lock``, after :meth:`_drain`)."""
@@ -821,12 +828,10 @@ class PinnedStaging:
             item = self._returned.popleft()
             self._free.setdefault(item[0], []).append(item)
 
-    def _clear(self) -> None:
-        self._drop_idle(0)
-
-    def _drop_idle(self, target: int) -> None:
-        """Drop idle buffers, largest first, until at most ``target`` bytes are held (or none is idle),
-        and hand them back to the driver (under ``_lock``)."""
+    def _drop_idle(self, target: int) -> int:
+        """Drop idle buffers, largest first, until at most ``target`` bytes are held (or none is idle);
+        the bytes dropped (under ``_lock``; the caller hands them back to the driver after, outside it:
+        ``cudaFreeHost`` may wait for the device, and the body pool waits on this lock)."""
         self._drain()
         dropped = 0
         for size in sorted(self._free, reverse=True):
@@ -836,8 +841,11 @@ class PinnedStaging:
             if not bufs:
                 del self._free[size]
         self.held_bytes -= dropped
+        return dropped
+
+    def _to_driver(self) -> None:
         pool = getattr(self._cp, "get_default_pinned_memory_pool", None)
-        if dropped and pool is not None:
+        if pool is not None:
             pool().free_all_blocks()  # CuPy's pool keeps freed pinned blocks until told
 
 

@@ -147,8 +147,9 @@ class BodyPinner:
         if self._thread is None:
             with self._lock:
                 if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="lu-body-pinning", daemon=True)
-                    self._thread.start()
+                    thread = threading.Thread(target=self._run, name="lu-body-pinning", daemon=True)
+                    thread.start()
+                    self._thread = thread  # only once started: a failed start is tried again next time
 
     # ------------------------------------------------------------------ the pinning thread
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import httptools
@@ -209,17 +210,21 @@ class _ResponseWriter:
     until the next write and both leave in one ``writelines`` (one ``writev`` with uvloop, no copy).
     uvicorn writes a body right after its head (an empty one too, and the service's answers send
     their first chunk at once; a streamed answer's head would wait for its first chunk), except for
-    ``HEAD``, whose head is not held (``hold=False``). A head still held when the response completes
-    (:meth:`flush`, from the protocol's ``on_response_complete``) or the connection is closed goes out
-    then. An informational answer (``100 Continue``) is not a head: it goes out at once.
+    ``HEAD``, whose head is not held (``hold=False``). A head still held when its response completes
+    (:meth:`response_complete`, which stands in for the cycle's ``on_response``: per request, so right
+    with pipelined requests too) or when the connection is closed goes out then. An informational
+    answer (``100 Continue``) is not a head: it goes out at once.
     """
 
-    __slots__ = ("_held", "_started", "_transport")
+    __slots__ = ("_held", "_on_response", "_started", "_transport")
 
-    def __init__(self, transport: asyncio.Transport, hold: bool = True) -> None:
+    def __init__(
+        self, transport: asyncio.Transport, hold: bool = True, on_response: Callable[[], None] | None = None
+    ) -> None:
         self._transport = transport
         self._held: bytes | None = None
         self._started = not hold  # nothing held: every write goes out as it comes
+        self._on_response = on_response
 
     def write(self, data: bytes) -> None:
         held = self._held
@@ -241,6 +246,12 @@ class _ResponseWriter:
     def close(self) -> None:
         self.flush()
         self._transport.close()
+
+    def response_complete(self) -> None:
+        """The cycle's ``on_response``: this request's answer is complete (a head no body followed goes out)."""
+        self.flush()
+        if self._on_response is not None:
+            self._on_response()
 
     def is_closing(self) -> bool:
         return self._transport.is_closing()
@@ -308,8 +319,9 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._header_bytes = 0
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.scope is self.scope:
-            writer = _ResponseWriter(self.transport, hold=self.scope["method"] != "HEAD")
-            self.cycle.transport = writer  # type: ignore[assignment]
+            cycle = self.cycle
+            writer = _ResponseWriter(self.transport, self.scope["method"] != "HEAD", cycle.on_response)
+            cycle.transport, cycle.on_response = writer, writer.response_complete  # type: ignore[assignment]
             self._sink = BodySink(self.cycle, self)
             self.scope[BODY_SINK] = self._sink  # type: ignore[literal-required]
 
@@ -334,9 +346,6 @@ class _BoundedProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = self.loop.call_later(self.keep_alive_s, self.timeout_keep_alive_handler)
 
     def on_response_complete(self) -> None:
-        writer = getattr(self.cycle, "transport", None)
-        if isinstance(writer, _ResponseWriter):
-            writer.flush()  # a head no body write followed (none expected: the writer's doc), before what comes next
         super().on_response_complete()
         if not self._in_headers:
             # The request's body is still arriving (an early answer): it is not idle, and the read

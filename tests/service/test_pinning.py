@@ -356,3 +356,46 @@ async def test_gpu_a_body_in_a_pinned_buffer_is_uploaded_without_staging(make_cl
     second = await client.post("/lu_solve", content=body, headers=headers)
     assert second.status_code == 200 and second.content == first.content
     assert (n, n) not in staged  # the LU went up from the pinned body
+
+
+def test_staging_hands_dropped_buffers_to_the_driver_outside_its_lock():
+    """``cudaFreeHost`` may wait for the device; the body pool waits on the staging lock (reserve)."""
+    from service.device import PinnedStaging
+    from tests.service.test_device_memory import HostAllocator
+
+    host = HostAllocator()
+    calls: list[bool] = []
+    staging = PinnedStaging(host, limit=4 * MiB)
+
+    class Pool:
+        def free_all_blocks(self) -> None:
+            calls.append(staging._lock.locked())
+
+    host.get_default_pinned_memory_pool = lambda: Pool()  # type: ignore[attr-defined]
+    staging.release([staging.take(2 * MiB)])
+    big = staging.take(4 * MiB)
+    assert big is not None  # the idle 2 MiB buffer dropped for room
+    staging.release([big])
+    staging.clear()
+    assert calls == [False, False]
+
+
+def test_a_failing_pinner_does_not_let_the_pool_s_accounting_down(caplog):
+    from service.budget import MemoryBudget
+
+    class Broken:
+        def idle(self, buffer):
+            raise RuntimeError("can't start new thread")
+
+        def drop(self, buffer):
+            raise RuntimeError("can't start new thread")
+
+    budget = MemoryBudget(64 * MiB)
+    pool = BodyPool(8 * MiB, budget, Broken())  # type: ignore[arg-type]
+    with caplog.at_level(logging.ERROR, logger="service.bodies"):
+        lease = pool.take(3 * MiB)
+        lease.release()  # kept idle: the pinner raises, the pool goes on
+        assert pool.idle_bytes == lease.capacity and budget.in_use == pool.held_bytes
+        pool.clear()
+    assert pool.idle_bytes == 0 and budget.in_use == 0
+    assert any("telling the body pinner failed" in r.getMessage() for r in caplog.records)

@@ -67,15 +67,15 @@ def test_a_head_request_s_head_is_not_held():
     assert t.calls == [("write", (HEAD,))]
 
 
-def test_flush_sends_a_head_still_held():
+def test_a_head_still_held_when_its_response_completes_goes_out_first():
     t = Recorder()
-    w = _ResponseWriter(t)
+    done: list[int] = []
+    w = _ResponseWriter(t, on_response=lambda: done.append(len(t.calls)))
     w.write(HEAD)
-    w.flush()  # the response completed without a body write (the protocol's on_response_complete)
+    w.response_complete()  # the cycle's on_response: this request's answer is complete
+    assert t.calls == [("write", (HEAD,))] and done == [1]  # sent, then the protocol told
     w.flush()
-    assert t.calls == [("write", (HEAD,))]
-    w.write(b"late")
-    assert t.calls[-1] == ("write", (b"late",))
+    assert len(t.calls) == 1
 
 
 def test_later_chunks_go_out_as_they_come():
@@ -163,10 +163,24 @@ def test_head_requests_are_answered_at_once_and_the_connection_stays_in_step(ser
             assert chunk, raw
             raw += chunk
         head, _, rest = raw.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 ") and rest == b""  # no body for HEAD
+        assert head.split()[1] in (b"200", b"405") and rest == b""  # answered (or refused), no body for HEAD
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
         raw = b""
         while b"\r\n\r\n" not in raw:
             raw += sock.recv(65536)
         assert raw.startswith(b"HTTP/1.1 200")
         assert b'"status"' in raw or b"ok" in raw.lower()
+
+
+def test_pipelined_requests_get_their_answers_in_order(server):
+    """A HEAD and a GET sent together (pipelined): the HEAD's head, then the GET's whole answer."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"HEAD /metrics HTTP/1.1\r\nHost: t\r\n\r\nGET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+        raw = b""
+        while raw.count(b"\r\n\r\n") < 2 or not raw.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            assert chunk, raw
+            raw += chunk
+        first, _, rest = raw.partition(b"\r\n\r\n")
+        assert first.split()[1] in (b"200", b"405")
+        assert rest.startswith(b"HTTP/1.1 200"), rest  # the GET's answer right after the HEAD's head
