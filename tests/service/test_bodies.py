@@ -19,7 +19,7 @@ import pytest
 from service.bodies import MIN_POOLED, BodyPool, size_class
 from service.budget import MemoryBudget
 from service.errors import ServiceError
-from tests.service.test_e2e import Server
+from tests.service.test_e2e import Server, serving
 from tests.service.wire import binary_request, parse_binary
 
 MiB = 1 << 20
@@ -259,13 +259,7 @@ async def test_a_shorter_body_in_a_reused_buffer_decodes_exactly(make_client):
 
 @pytest.fixture(scope="module")
 def server():
-    srv = Server(LU_WARMUP="false", LU_READ_TIMEOUT_S="5", LU_MIN_UPLOAD_RATE="0")
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        if srv.proc.poll() is None:
-            srv.stop()
+    yield from serving(LU_WARMUP="false", LU_READ_TIMEOUT_S="5", LU_MIN_UPLOAD_RATE="0")
 
 
 def _metric(server: Server, name: str) -> float:

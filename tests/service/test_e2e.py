@@ -70,15 +70,20 @@ class Server:
             self._reader.join(5)
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[Server]:
-    srv = Server(LU_WARMUP="true", LU_API_KEY="e2e-key")
+def serving(**env: str) -> Iterator[Server]:
+    """A module fixture's body: ``yield from serving(...)`` starts the server, waits for it, stops it after."""
+    srv = Server(**env)
     try:
         srv.wait_ready()
         yield srv
     finally:
         if srv.proc.poll() is None:
             srv.stop()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    yield from serving(LU_WARMUP="true", LU_API_KEY="e2e-key")
 
 
 AUTH = {"authorization": "Bearer e2e-key"}

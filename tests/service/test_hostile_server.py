@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.service.test_e2e import Server
+from tests.service.test_e2e import Server, serving
 from tests.service.wire import binary_request
 
 READ_TIMEOUT_S = 1.5
@@ -25,7 +25,7 @@ BUDGET = 256 << 20
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    srv = Server(
+    yield from serving(
         LU_WARMUP="false",
         LU_READ_TIMEOUT_S=str(READ_TIMEOUT_S),
         LU_KEEP_ALIVE_S=str(KEEP_ALIVE_S),
@@ -34,23 +34,11 @@ def server() -> Iterator[Server]:
         LU_MAX_INFLIGHT_BYTES=str(BUDGET),
         LU_LOG_JSON="true",
     )
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        if srv.proc.poll() is None:
-            srv.stop()
 
 
 @pytest.fixture(scope="module")
 def memory_server() -> Iterator[Server]:
-    srv = Server(LU_WARMUP="false", LU_MAX_INFLIGHT_BYTES=str(BUDGET), LU_READ_TIMEOUT_S="120")
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        if srv.proc.poll() is None:
-            srv.stop()
+    yield from serving(LU_WARMUP="false", LU_MAX_INFLIGHT_BYTES=str(BUDGET), LU_READ_TIMEOUT_S="120")
 
 
 def connect(server: Server) -> socket.socket:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from service.protocol import _ResponseWriter
-from tests.service.test_e2e import Server
+from tests.service.test_e2e import Server, serving
 from tests.service.wire import binary_request
 
 
@@ -119,13 +119,7 @@ def test_a_close_with_nothing_held_only_closes():
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    srv = Server(LU_WARMUP="false")
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        if srv.proc.poll() is None:
-            srv.stop()
+    yield from serving(LU_WARMUP="false")
 
 
 def test_a_small_answer_arrives_whole_in_one_read(server):

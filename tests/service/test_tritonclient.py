@@ -22,7 +22,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as httpaio
 
 import lu_core
-from tests.service.test_e2e import Server
+from tests.service.test_e2e import Server, serving
 
 KEY = "triton-key"
 OIP = {np.dtype(np.float32): "FP32", np.dtype(np.float64): "FP64", np.dtype(np.int32): "INT32"}
@@ -30,13 +30,7 @@ OIP = {np.dtype(np.float32): "FP32", np.dtype(np.float64): "FP64", np.dtype(np.i
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    srv = Server(LU_WARMUP="false", LU_API_KEY=KEY)
-    try:
-        srv.wait_ready()
-        yield srv
-    finally:
-        if srv.proc.poll() is None:
-            srv.stop()
+    yield from serving(LU_WARMUP="false", LU_API_KEY=KEY)
 
 
 def cases(dtype: type) -> list[tuple[str, dict[str, np.ndarray], dict[str, np.ndarray], dict[str, Any]]]:
