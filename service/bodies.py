@@ -253,13 +253,14 @@ class BodyPool:
         Pinning only speeds uploads up: a failure in it is logged, never lets the pool's accounting down."""
         if self.pinner is None:
             return
-        try:
-            for b in dropped:
-                self.pinner.drop(b)
-            if kept is not None:
-                self.pinner.idle(kept)
-        except Exception:
-            log.exception("telling the body pinner failed; the pool goes on")
+        calls = [(self.pinner.drop, b) for b in dropped]
+        if kept is not None:
+            calls.append((self.pinner.idle, kept))
+        for call, buffer in calls:  # each on its own: one failing does not leave the others untold
+            try:
+                call(buffer)
+            except Exception:
+                log.exception("telling the body pinner failed; the pool goes on")
 
     def _take(self, nbytes: int) -> bool:
         return self._budget is None or self._budget.take_quietly(nbytes)

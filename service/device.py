@@ -722,28 +722,29 @@ class PinnedStaging:
         if nbytes < self.MIN_BYTES:
             return None
         size = 1 << (nbytes - 1).bit_length()
-        dropped = 0
-        try:
-            with self._lock:
-                self._drain()
-                free = self._free.get(size)
-                if free:
-                    return free.pop()
-                if self.limit is not None and self.held_bytes + size > self.limit:
-                    if self.held_bytes - self._idle_bytes() + size > self.limit:
-                        return None  # no room even with every idle buffer dropped (receive buffers pinned)
-                    dropped = self._drop_idle(self.limit - size)  # other sizes, largest first, until room
-                    if self.held_bytes + size > self.limit:
-                        return None
+        dropped, room = 0, True
+        with self._lock:
+            self._drain()
+            free = self._free.get(size)
+            if free:
+                return free.pop()
+            if self.limit is not None and self.held_bytes + size > self.limit:
+                if self.held_bytes - self._idle_bytes() + size > self.limit:
+                    return None  # no room even with every idle buffer dropped (receive buffers pinned)
+                dropped = self._drop_idle(self.limit - size)  # other sizes, largest first, until room
+                room = self.held_bytes + size <= self.limit
+            if room:
                 self.held_bytes += size  # counted before the allocation, so that two takers stay under the cap
-        finally:
-            if dropped:
-                self._to_driver()
         try:
-            return (size, self._cp.cuda.alloc_pinned_memory(size))
+            if dropped:
+                # Outside the lock (the dropped blocks are still pinned until this returns: the cap may be
+                # passed by as much, briefly, by another taker meanwhile).
+                self._to_driver()
+            return (size, self._cp.cuda.alloc_pinned_memory(size)) if room else None
         except BaseException:
-            with self._lock:
-                self.held_bytes -= size
+            if room:
+                with self._lock:
+                    self.held_bytes -= size
             raise
 
     def lease(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:

@@ -148,8 +148,12 @@ class BodyPinner:
             with self._lock:
                 if self._thread is None:
                     thread = threading.Thread(target=self._run, name="lu-body-pinning", daemon=True)
-                    thread.start()
-                    self._thread = thread  # only once started: a failed start is tried again next time
+                    try:
+                        thread.start()
+                    except RuntimeError:  # (can't start new thread) the task waits in the queue for a later start
+                        log.exception("the body pinning thread could not start; tried again with the next task")
+                        return
+                    self._thread = thread
 
     # ------------------------------------------------------------------ the pinning thread
 

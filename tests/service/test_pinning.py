@@ -399,3 +399,45 @@ def test_a_failing_pinner_does_not_let_the_pool_s_accounting_down(caplog):
         pool.clear()
     assert pool.idle_bytes == 0 and budget.in_use == 0
     assert any("telling the body pinner failed" in r.getMessage() for r in caplog.records)
+
+
+def test_a_pinning_thread_that_cannot_start_is_started_with_a_later_task(monkeypatch, caplog):
+    d = Driver()
+    pool = BodyPool(64 * MiB, None, d.pinner())
+    real_start = threading.Thread.start
+    refusals = [1]
+
+    def start(self):
+        if refusals:
+            refusals.pop()
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with caplog.at_level(logging.ERROR, logger="service.pinning"):
+        first = pool.take(2 * MiB)
+        first.release()  # its pin task is queued; the thread did not start
+    assert any("could not start" in r.getMessage() for r in caplog.records)
+    second = pool.take(3 * MiB)
+    second.release()  # starts the thread: both tasks run, in order
+    assert pool.pinner.flush(10)
+    assert [c[0] for c in d.calls] == ["register", "register"]
+    assert d.reserved == sum(d.live.values())
+
+
+def test_staging_gives_back_its_count_when_the_driver_fails():
+    from service.device import PinnedStaging
+    from tests.service.test_device_memory import HostAllocator
+
+    host = HostAllocator()
+
+    class Pool:
+        def free_all_blocks(self) -> None:
+            raise RuntimeError("cudaErrorIllegalAddress")
+
+    host.get_default_pinned_memory_pool = lambda: Pool()  # type: ignore[attr-defined]
+    staging = PinnedStaging(host, limit=4 * MiB)
+    staging.release([staging.take(2 * MiB)])
+    with pytest.raises(RuntimeError):
+        staging.take(4 * MiB)  # the idle buffer dropped for room; handing it to the driver fails
+    assert staging.held_bytes == 0

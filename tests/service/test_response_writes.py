@@ -178,3 +178,69 @@ def test_pipelined_requests_get_their_answers_in_order(server):
         first, _, rest = raw.partition(b"\r\n\r\n")
         assert first.split()[1] in (b"200", b"405")
         assert rest.startswith(b"HTTP/1.1 200"), rest  # the GET's answer right after the HEAD's head
+
+
+@pytest.mark.anyio
+async def test_each_request_s_cycle_writes_through_a_writer_that_completes_it():
+    """The protocol (uvicorn's, bounded) gives each request's cycle its own writer, as its transport and as
+    its ``on_response``, so that a head still held when that request's answer completes goes out then; a small
+    answer leaves in one write. In-process, with a recording transport."""
+    import asyncio
+
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    from service.protocol import bounded_protocol
+
+    sent: list[bytes] = []
+
+    class Transport(asyncio.Transport):
+        def __init__(self) -> None:
+            super().__init__()
+            self.closing = False
+
+        def get_extra_info(self, name, default=None):
+            return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 40000)}.get(name, default)
+
+        def write(self, data) -> None:
+            sent.append(bytes(data))
+
+        def writelines(self, lines) -> None:
+            sent.append(b"".join(bytes(x) for x in lines))
+
+        def is_closing(self) -> bool:
+            return self.closing
+
+        def close(self) -> None:
+            self.closing = True
+
+        def pause_reading(self) -> None:
+            pass
+
+        def resume_reading(self) -> None:
+            pass
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    cls = bounded_protocol(read_timeout_s=5, keep_alive_s=5, max_header_bytes=8192)
+    config = Config(app=app, http=cls, lifespan="off", log_config=None, access_log=False)
+    config.load()
+    protocol = cls(config=config, server_state=ServerState(), app_state={})
+    protocol.connection_made(Transport())
+    completed: list[bool] = []
+    for _ in range(2):  # two requests on the connection, each with its own writer
+        protocol.data_received(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+        cycle = protocol.cycle
+        writer = cycle.transport
+        assert isinstance(writer, _ResponseWriter) and cycle.on_response == writer.response_complete
+        original = writer._on_response
+        writer._on_response = lambda original=original: (completed.append(True), original())
+        for _ in range(50):
+            if cycle.response_complete:
+                break
+            await asyncio.sleep(0.01)
+    assert completed == [True, True]
+    assert len(sent) == 2 and all(x.startswith(b"HTTP/1.1 200") and x.endswith(b"\r\n\r\nok") for x in sent)
+    protocol.connection_lost(None)
