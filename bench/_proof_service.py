@@ -295,21 +295,22 @@ def _triton(port: int, rng: np.random.Generator, binary: bool) -> str:
     return "lu_factor and adjoint lu_solve, float32"
 
 
+def _samples(http: Any, prefix: str) -> list[tuple[str, float]]:
+    """(line, value) of each /metrics sample whose line starts with ``prefix``."""
+    return [(ln, float(ln.split()[-1])) for ln in http.get("/metrics").text.splitlines() if ln.startswith(prefix)]
+
+
 def _metric(http: Any, name: str) -> float:
     """An unlabelled gauge's value from /metrics (0 when absent: the CPU has no pinned receive buffers)."""
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
+    return next((value for _, value in _samples(http, name + " ")), 0.0)
 
 
 def _device_seconds(http: Any, op: str) -> dict[str, float]:
-    sums = {}
-    for line in http.get("/metrics").text.splitlines():
-        if line.startswith("lu_device_seconds_sum{") and f'operation="{op}"' in line:
-            stage = line.split('stage="', 1)[1].split('"', 1)[0]
-            sums[stage] = float(line.split()[-1])
-    return sums
+    return {
+        line.split('stage="', 1)[1].split('"', 1)[0]: value
+        for line, value in _samples(http, "lu_device_seconds_sum{")
+        if f'operation="{op}"' in line
+    }
 
 
 def _bare_copy_seconds(up: int, down: int) -> float:

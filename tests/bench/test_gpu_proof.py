@@ -208,3 +208,19 @@ def test_the_transfer_check_reads_unlabelled_gauges_from_metrics():
     http = SimpleNamespace(get=lambda path: SimpleNamespace(text=text if path == "/metrics" else ""))
     assert _proof_service._metric(http, "lu_body_pool_pinned_bytes") == 335544320.0
     assert _proof_service._metric(http, "lu_absent") == 0.0
+
+
+def test_the_transfer_check_reads_device_seconds_per_stage():
+    """_proof_service._device_seconds: each stage's sum for one operation, the other operations left out."""
+    from types import SimpleNamespace
+
+    from bench import _proof_service
+
+    text = (
+        'lu_device_seconds_sum{operation="lu_solve",stage="upload",device="gpu"} 0.5\n'
+        'lu_device_seconds_sum{operation="lu_solve",stage="compute",device="gpu"} 1.25\n'
+        'lu_device_seconds_sum{operation="lu_unpack",stage="upload",device="gpu"} 9.0\n'
+        'lu_device_seconds_count{operation="lu_solve",stage="upload",device="gpu"} 3.0\n'
+    )
+    http = SimpleNamespace(get=lambda path: SimpleNamespace(text=text))
+    assert _proof_service._device_seconds(http, "lu_solve") == {"upload": 0.5, "compute": 1.25}
