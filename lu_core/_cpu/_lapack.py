@@ -1,8 +1,8 @@
 """Per-matrix LAPACK (through SciPy) over a batch of large matrices.
 
 Each matrix is big enough that a call's overhead is noise. Matrices up to
-``_tuning.LAPACK_POOL_MAX_N`` are cut into one contiguous chunk per core and the
-chunks run on a thread pool (SciPy's LAPACK wrappers release the GIL), with BLAS
+``_tuning.LAPACK_POOL_MAX_N`` are cut into grains of a few matrices that the calling
+thread and a thread pool take in turn (SciPy's LAPACK wrappers release the GIL), with BLAS
 held to one thread so the cores are not oversubscribed. Larger ones are done one
 after another with BLAS's own threads. The choice depends on the matrix size
 only, never on the batch size, because OpenBLAS's threaded and serial ``getrf``
@@ -51,7 +51,17 @@ def _workers() -> int:
 _WORKERS = _workers()  # the cores this process may use, read once
 
 
+#: A pool call is cut into about this many grains per worker, which the workers (the calling thread
+#: among them) take in turn as they finish the last: a core that another process, or the service's
+#: event loop, slows down takes fewer of them instead of holding the whole call up at a fixed half.
+_GRAINS_PER_WORKER = 16
+
+
 def _run_chunked(task: Callable[[int, int], None], count: int, n: int) -> None:
+    """``task(lo, hi)`` over ``range(count)`` cut into grains, on the pool's threads and the calling
+    thread, with BLAS held to one thread; for ``n`` past ``LAPACK_POOL_MAX_N``, one call on this
+    thread with BLAS threaded. Every grain has ended, or will never start, before this returns or
+    raises (the first failure, once all have stopped)."""
     global _pool, _blas
     if n > _tuning.LAPACK_POOL_MAX_N:
         task(0, count)  # one matrix at a time, BLAS threaded inside each
@@ -68,9 +78,23 @@ def _run_chunked(task: Callable[[int, int], None], count: int, n: int) -> None:
         if workers <= 1:
             task(0, count)
             return
-        bounds = np.linspace(0, count, workers + 1).astype(int)
-        futures = [_pool.submit(task, int(lo), int(hi)) for lo, hi in itertools.pairwise(bounds)]
-        wait(futures)  # every chunk has ended before BLAS may get its threads back, a failed one or not
+        grain = max(1, count // (workers * _GRAINS_PER_WORKER))
+        grains = itertools.count(0, grain)  # next() on it is atomic under the GIL: each grain goes to one worker
+        failed = threading.Event()
+
+        def work() -> None:
+            try:
+                while not failed.is_set() and (lo := next(grains)) < count:
+                    task(lo, min(lo + grain, count))
+            except BaseException:
+                failed.set()  # the other workers take no further grain
+                raise
+
+        futures = [_pool.submit(work) for _ in range(workers - 1)]
+        try:
+            work()
+        finally:
+            wait(futures)  # every grain has ended before BLAS may get its threads back, a failed one or not
         for f in futures:
             f.result()
     finally:

@@ -280,6 +280,7 @@ def test_concurrent_lapack_calls_keep_one_blas_thread_until_the_last_is_done():
 
 
 def test_a_failed_chunk_waits_for_the_others_before_blas_gets_its_threads_back(monkeypatch):
+    import threading
     import time
 
     from threadpoolctl import threadpool_limits
@@ -290,12 +291,15 @@ def test_a_failed_chunk_waits_for_the_others_before_blas_gets_its_threads_back(m
     n = _tuning.FACTOR_KERNEL_MAX_N + 8
     lu_core.lu_factor(np.eye(n)[None])
     assert _lapack._blas
-    monkeypatch.setattr(_lapack, "_WORKERS", 2)  # two chunks, whatever this machine's cores
+    monkeypatch.setattr(_lapack, "_WORKERS", 2)  # two workers, whatever this machine's cores
     seen: list[list[int]] = []
+    second_in = threading.Event()
 
     def task(lo: int, hi: int) -> None:
         if lo == 0:
+            assert second_in.wait(10)  # the other worker has taken the second grain
             raise RuntimeError("first chunk")
+        second_in.set()
         time.sleep(0.3)  # still running LAPACK when the first chunk has failed
         seen.append(_blas_threads())
 
@@ -304,6 +308,32 @@ def test_a_failed_chunk_waits_for_the_others_before_blas_gets_its_threads_back(m
             _lapack._run_chunked(task, 2, n)
         assert seen == [[1] * len(_lapack._blas)]
         assert all(t == 2 for t in _blas_threads())
+
+
+def test_pool_workers_take_grains_in_turn_so_a_slow_core_does_less(monkeypatch):
+    """Every matrix is done exactly once, and a worker that is slowed down (here the calling thread;
+    on a machine, a core that another process or the service's event loop holds) takes fewer grains
+    instead of holding the call up until a fixed half of the batch is through."""
+    import threading
+    import time
+
+    from lu_core._cpu import _lapack
+
+    monkeypatch.setattr(_lapack, "_WORKERS", 2)
+    caller = threading.get_ident()
+    done: list[tuple[bool, int, int]] = []
+
+    def task(lo: int, hi: int) -> None:
+        if threading.get_ident() == caller:
+            time.sleep(0.05)
+        done.append((threading.get_ident() == caller, lo, hi))
+
+    count = 64
+    _lapack._run_chunked(task, count, 8)
+    covered = sorted(i for _, lo, hi in done for i in range(lo, hi))
+    assert covered == list(range(count))
+    by_caller = sum(hi - lo for on_caller, lo, hi in done if on_caller)
+    assert by_caller <= count // 4, done
 
 
 _SHARED_PIVOTS = """
