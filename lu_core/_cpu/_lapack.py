@@ -26,7 +26,7 @@ import itertools
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -61,7 +61,7 @@ def _run_chunked(task: Callable[[int, int], None], count: int, n: int) -> None:
     """``task(lo, hi)`` over ``range(count)`` cut into grains, on the pool's threads and the calling
     thread, with BLAS held to one thread; for ``n`` past ``LAPACK_POOL_MAX_N``, one call on this
     thread with BLAS threaded. Every grain has ended, or will never start, before this returns or
-    raises (the first failure, once all have stopped)."""
+    raises (the calling thread's exception if it failed, else the first failed pool worker's)."""
     global _pool, _blas
     if n > _tuning.LAPACK_POOL_MAX_N:
         task(0, count)  # one matrix at a time, BLAS threaded inside each
@@ -78,27 +78,45 @@ def _run_chunked(task: Callable[[int, int], None], count: int, n: int) -> None:
         if workers <= 1:
             task(0, count)
             return
-        grain = max(1, count // (workers * _GRAINS_PER_WORKER))
-        grains = itertools.count(0, grain)  # next() on it is atomic under the GIL: each grain goes to one worker
-        failed = threading.Event()
-
-        def work() -> None:
-            try:
-                while not failed.is_set() and (lo := next(grains)) < count:
-                    task(lo, min(lo + grain, count))
-            except BaseException:
-                failed.set()  # the other workers take no further grain
-                raise
-
-        futures = [_pool.submit(work) for _ in range(workers - 1)]
-        try:
-            work()
-        finally:
-            wait(futures)  # every grain has ended before BLAS may get its threads back, a failed one or not
-        for f in futures:
-            f.result()
+        _share(task, count, workers)
     finally:
         _restore_blas_threads()
+
+
+def _share(task: Callable[[int, int], None], count: int, workers: int) -> None:
+    """Grains of ``range(count)`` to this thread and ``workers - 1`` pool threads, each taking the next
+    as it finishes the last; returns or raises only once no grain runs or can start any more."""
+    grain = max(1, count // (workers * _GRAINS_PER_WORKER))
+    grains = itertools.count(0, grain)  # next() on it is atomic under the GIL: each grain goes to one worker
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            while not stop.is_set() and (lo := next(grains)) < count:
+                task(lo, min(lo + grain, count))
+        except BaseException:
+            stop.set()  # the other workers take no further grain
+            raise
+
+    futures: list[Future] = []
+    try:
+        for _ in range(workers - 1):
+            futures.append(_pool.submit(work))
+        work()
+    finally:
+        stop.set()  # on the way out for any reason (a failure, an interrupt, a refused submit): no new grain
+        running = [f for f in futures if not f.cancel()]  # a worker that has not started never will
+        interrupted: BaseException | None = None
+        while True:  # until every grain has ended (at most one per worker), even through an interrupt
+            try:
+                wait(running)
+                break
+            except BaseException as exc:  # the wait is resumed; the first interrupt is raised after it
+                interrupted = interrupted or exc
+        if interrupted is not None:
+            raise interrupted
+    for f in running:
+        f.result()
 
 
 # BLAS's thread count is the process's: several Python threads in _run_chunked at once share one setting.

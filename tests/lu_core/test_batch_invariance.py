@@ -279,7 +279,11 @@ def test_concurrent_lapack_calls_keep_one_blas_thread_until_the_last_is_done():
         assert all(t == 2 for t in _blas_threads())  # the last one out restored the caller's count
 
 
-def test_a_failed_chunk_waits_for_the_others_before_blas_gets_its_threads_back(monkeypatch):
+@pytest.mark.parametrize("failing", ["caller", "pool"])
+def test_a_failed_grain_waits_for_the_others_before_blas_gets_its_threads_back(monkeypatch, failing):
+    """A grain that fails (on the calling thread or on a pool thread) while the other worker is inside
+    its own grain: the call raises that error only once the other grain has ended, BLAS still at one
+    thread for it, and no further grain starts."""
     import threading
     import time
 
@@ -291,55 +295,92 @@ def test_a_failed_chunk_waits_for_the_others_before_blas_gets_its_threads_back(m
     n = _tuning.FACTOR_KERNEL_MAX_N + 8
     lu_core.lu_factor(np.eye(n)[None])
     assert _lapack._blas
-    monkeypatch.setattr(_lapack, "_WORKERS", 2)  # two workers, whatever this machine's cores
+    monkeypatch.setattr(_lapack, "_WORKERS", 2)  # the caller and one pool thread, whatever this machine's cores
+    caller = threading.get_ident()
     seen: list[list[int]] = []
-    second_in = threading.Event()
+    started: list[int] = []
+    other_in = threading.Event()
 
     def task(lo: int, hi: int) -> None:
-        if lo == 0:
-            assert second_in.wait(10)  # the other worker has taken the second grain
-            raise RuntimeError("first chunk")
-        second_in.set()
-        time.sleep(0.3)  # still running LAPACK when the first chunk has failed
+        started.append(lo)
+        if (threading.get_ident() == caller) == (failing == "caller"):
+            assert other_in.wait(10)  # the other worker is inside its grain
+            raise RuntimeError("failed grain")
+        other_in.set()
+        time.sleep(0.5)  # still running LAPACK when the other grain has failed
         seen.append(_blas_threads())
 
     with threadpool_limits(limits=2, user_api="blas"):
-        with pytest.raises(RuntimeError, match="first chunk"):
-            _lapack._run_chunked(task, 2, n)
+        with pytest.raises(RuntimeError, match="failed grain"):
+            _lapack._run_chunked(task, 8, n)  # grains of one matrix: six never start
         assert seen == [[1] * len(_lapack._blas)]
         assert all(t == 2 for t in _blas_threads())
+    assert len(started) == 2
+
+
+def test_a_refused_pool_thread_leaves_no_grain_behind(monkeypatch):
+    """When the pool refuses work partway (interpreter shutdown, no thread to start), the call raises
+    and no grain of it runs afterwards: workers already handed their task find it stopped."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from lu_core._cpu import _lapack
+
+    lu_core.lu_factor(np.eye(_tuning.FACTOR_KERNEL_MAX_N + 8)[None])  # the pool exists
+    monkeypatch.setattr(_lapack, "_WORKERS", 3)
+    gate = threading.Event()
+    pool = ThreadPoolExecutor(max_workers=1)
+    pool.submit(gate.wait, 10)  # holds its thread, so the first worker's task waits in the queue
+    submitted = 0
+
+    def submit(fn, *args):
+        nonlocal submitted
+        submitted += 1
+        if submitted == 2:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+        return pool.submit(fn, *args)
+
+    monkeypatch.setattr(_lapack._pool, "submit", submit)
+    ran: list[int] = []
+    with pytest.raises(RuntimeError, match="cannot schedule"):
+        _lapack._run_chunked(lambda lo, hi: ran.append(lo), 6, 8)
+    gate.set()
+    pool.shutdown(wait=True)
+    assert ran == []
 
 
 def test_pool_workers_take_grains_in_turn_so_a_slow_core_does_less(monkeypatch):
-    """Every matrix is done exactly once, and a worker that is slowed down (here the calling thread;
-    on a machine, a core that another process or the service's event loop holds) takes fewer grains
-    instead of holding the call up until a fixed half of the batch is through."""
+    """Every matrix is done exactly once, and a worker that is held up (on a machine, by a core that
+    another process or the service's event loop takes) does fewer grains instead of holding the call
+    up until a fixed share of the batch is through: here the worker that takes the first grain is
+    held there until the other one has done the last."""
     import threading
-    import time
 
     from lu_core._cpu import _lapack
 
     monkeypatch.setattr(_lapack, "_WORKERS", 2)
-    caller = threading.get_ident()
-    done: list[tuple[bool, int, int]] = []
+    count = 64
+    done: list[tuple[int, int, int]] = []
+    last_done = threading.Event()
 
     def task(lo: int, hi: int) -> None:
-        if threading.get_ident() == caller:
-            time.sleep(0.05)
-        done.append((threading.get_ident() == caller, lo, hi))
+        if lo == 0:
+            assert last_done.wait(10), "the other worker did not take the rest of the batch"
+        done.append((threading.get_ident(), lo, hi))
+        if hi == count:
+            last_done.set()
 
-    count = 64
     _lapack._run_chunked(task, count, 8)
     covered = sorted(i for _, lo, hi in done for i in range(lo, hi))
     assert covered == list(range(count))
-    by_caller = sum(hi - lo for on_caller, lo, hi in done if on_caller)
-    assert by_caller <= count // 4, done
+    slow = next(t for t, lo, _ in done if lo == 0)
+    assert sum(hi - lo for t, lo, hi in done if t == slow) <= count // 4, done
 
 
 _SHARED_PIVOTS = """
 import numpy as np, lu_core
 from lu_core._cpu import _lapack, _tuning
-_lapack._WORKERS = 2  # two chunks on a pool of two threads, whatever this machine's cores
+_lapack._WORKERS = 2  # the caller and a pool thread taking grains of one matrix, whatever this machine's cores
 _lapack._workers = lambda: 2
 n = _tuning.SOLVE_KERNEL_REAL_MAX_N + 1  # LAPACK getrs on the pool, real and complex
 assert n <= _tuning.LAPACK_POOL_MAX_N
@@ -357,7 +398,7 @@ print("same")
 
 
 def test_pool_threads_sharing_one_factorization_get_the_bits_of_one_at_a_time():
-    """Right-hand sides broadcast over one factorization, solved by LAPACK on two pool threads at once,
+    """Right-hand sides broadcast over one factorization, solved by LAPACK on two threads at once,
     get the bits each gets alone. SciPy's ``?getrs`` wrapper rewrites the pivot array it is given in
     place (to 1-based and back) around the LAPACK call: two threads handed one array corrupted the
     pivots (other bits, and heap corruption that aborted the process). Run in a subprocess, since the
