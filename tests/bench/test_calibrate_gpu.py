@@ -72,6 +72,7 @@ def test_quick_calibration_on_a_device(tmp_path):
     assert calibrate_gpu.main(["--out", str(tmp_path), "--quick"]) == 0
     (report,) = tmp_path.glob("calibrate-gpu-*.md")
     assert "SMALL_FACTOR_MAX_N" in report.read_text()
+    assert "| getrfBatched | complex128 | 64 x 40 |" in report.read_text()  # the pivot comparison ran
 
 
 def test_the_first_h200_run_supports_the_rectangular_threshold():
@@ -106,3 +107,24 @@ def test_the_profile_report_puts_ours_beside_torch():
     assert "| lu_solve | 1 | 8 | float64 | 150.0 | 190.2 | 20.0 | 35.0 |" in text
     assert "| lu_factor | 1 | 8 | float64 | 60.0 | 80.0 | – | – |" in text
     assert "### lu_solve 1x8 float64" in text and "200  0.010  get" in text
+
+
+@pytest.mark.parametrize("dtype", ["complex64", "complex128"])
+def test_the_pivot_probe_tells_lapacks_measure_from_the_modulus(dtype):
+    """The 8x8 matrix the calibration factors on the device to name cuBLAS getrfBatched's complex pivot
+    measure: LAPACK's (the CPU backend's) first pivot is row 1 (|re| + |im|), the modulus's row 2."""
+    import numpy as np
+
+    import lu_core
+
+    a = calibrate_gpu._measure_probe(dtype)
+    assert lu_core.lu_factor(a)[1][0, 0] == 1
+    assert int(np.argmax(np.abs(a[0, :, 0]))) + 1 == 2
+
+
+def test_the_report_carries_the_pivot_comparison():
+    rows = ["| routine | dtype | batch x n | matrices with LAPACK's pivots | measure (8x8 probe) |", "|---|---|---|---:|---|",
+            "| getrfBatched | complex128 | 64 x 40 | 61 / 64 | modulus |"]  # fmt: skip
+    text = calibrate_gpu.report("Test GPU", [], [], {}, rows)
+    assert "## Pivots of the library routines against LAPACK's" in text and "| 61 / 64 | modulus |" in text
+    assert "not measured" in calibrate_gpu.report("Test GPU", [], [], {}).split("## Pivots")[1]
