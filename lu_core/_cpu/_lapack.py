@@ -1,7 +1,7 @@
 """Per-matrix LAPACK (through SciPy) over a batch of large matrices.
 
 Each matrix is big enough that a call's overhead is noise. Matrices up to
-``_tuning.LAPACK_POOL_MAX_N`` are cut into grains of a few matrices that the calling
+``_tuning.LAPACK_POOL_MAX_N`` are cut into grains (about 16 per worker) that the calling
 thread and a thread pool take in turn (SciPy's LAPACK wrappers release the GIL), with BLAS
 held to one thread so the cores are not oversubscribed. Larger ones are done one
 after another with BLAS's own threads. The choice depends on the matrix size

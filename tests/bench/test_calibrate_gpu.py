@@ -111,14 +111,17 @@ def test_the_profile_report_puts_ours_beside_torch():
 
 @pytest.mark.parametrize("dtype", ["complex64", "complex128"])
 def test_the_pivot_probe_tells_lapacks_measure_from_the_modulus(dtype):
-    """The 8x8 matrix the calibration factors on the device to name cuBLAS getrfBatched's complex pivot
-    measure: LAPACK's (the CPU backend's) first pivot is row 1 (|re| + |im|), the modulus's row 2."""
+    """The matrix the calibration factors on the device to name cuBLAS getrfBatched's complex pivot
+    measure (40 x 40: a size the library routines get): LAPACK's first pivot (SciPy's, and the CPU
+    backend's) is row 1 (|re| + |im|), the modulus's row 2."""
     import numpy as np
+    import scipy.linalg
 
     import lu_core
 
     a = calibrate_gpu._measure_probe(dtype)
-    assert lu_core.lu_factor(a)[1][0, 0] == 1
+    assert a.shape == (1, calibrate_gpu.PROBE_N, calibrate_gpu.PROBE_N) and calibrate_gpu.PROBE_N > 32
+    assert scipy.linalg.lu_factor(a)[1][0, 0] + 1 == 1 and lu_core.lu_factor(a)[1][0, 0] == 1
     assert int(np.argmax(np.abs(a[0, :, 0]))) + 1 == 2
 
 
