@@ -211,10 +211,8 @@ def pivot_agreement(progress: Callable[[str], None]) -> list[str]:
         "| routine | dtype | batch x n | matrices with LAPACK's pivots | measure (probe) |",
         "|---|---|---|---:|---|",
     ]
-    routines = (
-        ("getrfBatched", {"SMALL_FACTOR_MAX_N": 0, "getrf_batched_wins": lambda *a: True}),
-        ("cusolver", {"SMALL_FACTOR_MAX_N": 0, "getrf_batched_wins": lambda *a: False}),
-    )
+    forced = _factor_paths(PROBE_N, "float64", 1)  # the timings' own overrides for the two library routines
+    routines = [(name, forced[name]) for name in ("getrfBatched", "cusolver")]
     for path, values in routines:
         for dtype in DTYPES:
             complex_ = dtype.startswith("complex")
