@@ -37,12 +37,13 @@ WARMUP_DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
 
 # (batch, n) of the warm-up's matrices: small batches take the kernels' serial twins, large ones
 # (past lu_core's PARALLEL_MIN_WORK) their parallel twins, which would otherwise be loaded or
-# compiled on the first large request; n = 4 unpacks in the fused kernel, n = 24 in the split ones.
+# compiled on the first large request; n = 4 unpacks in the fused kernel, n = 24 in the split ones;
+# a batch of 10 4x4 matrices factors eight in SIMD lanes and two one by one (lu_core._cpu._lanes).
 # On a GPU those take our own kernels; (1, 64), (4, 64) and (4, 160) reach cuSOLVER getrf / getrs and
 # cuBLAS getrfBatched / getrsBatched / trsmBatched (lu_core/_gpu/_tuning.py's factor_path and
 # solve_path), whose libraries load on first use: seconds on a fresh machine (4.4 s for the first
 # 5792 x 5792 solve of the first H200 run), which a request would otherwise pay.
-WARMUP_SHAPES = ((2, 4), (16384, 4), (2, 24), (1024, 24), (1, 64), (4, 64), (4, 160))
+WARMUP_SHAPES = ((10, 4), (16384, 4), (2, 24), (1024, 24), (1, 64), (4, 64), (4, 160))
 
 
 def warm_up(device: Device) -> float:

@@ -38,7 +38,7 @@ def factor_direct(A: Any, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarr
     s = np.empty((nb, n, m), dtype=A.dtype)
     piv = np.empty((nb, k), dtype=np.int32)
     info = np.zeros(nb, dtype=np.int32)
-    _kernels.getrf(_backend._split(nb, nb * m * n * k), src, transposed, s, piv, info, pivot)
+    _backend._kernel_factor(src, transposed, s, piv, info, pivot)
     return s.swapaxes(1, 2).reshape(*batch, m, n), piv.reshape(*batch, k), info.reshape(batch)
 
 

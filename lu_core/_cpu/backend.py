@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from lu_core._batching import broadcast_index
-from lu_core._cpu import _direct, _kernels, _lapack, _tuning
+from lu_core._cpu import _direct, _kernels, _lanes, _lapack, _tuning
 from lu_core._errors import DTypeError, PivotError
 from lu_core._layout import plan_split
 
@@ -69,6 +69,23 @@ def _factor_by_kernel(size: int, dtype: np.dtype) -> bool:
     """Whether matrices with ``max(m, n) == size`` are factored (pivoted) by the batched kernel, else by
     LAPACK ``getrf``: from the size and dtype only, never the batch (``_tuning`` has the measurements)."""
     return size <= (_tuning.FACTOR_KERNEL_COMPLEX_MAX_N if dtype.kind == "c" else _tuning.FACTOR_KERNEL_MAX_N)
+
+
+def _kernel_factor(
+    src: np.ndarray, transposed: bool, s: np.ndarray, piv: np.ndarray, info: np.ndarray, pivot: bool
+) -> None:
+    """Factor by the batched kernels (``_kernels._getrf``'s arguments): small real matrices a group
+    of ``_lanes.LANES`` at a time, one per SIMD lane, the rest (the batch's last few, other sizes
+    and dtypes) one matrix at a time. Both give the same bits (tests/lu_core/test_lanes.py), so the
+    split may depend on the batch."""
+    nb, n, m = s.shape
+    work = m * n * min(m, n)
+    whole = nb - nb % _lanes.LANES if s.dtype.kind == "f" and max(m, n) <= _tuning.LANES_MAX_N else 0
+    if whole:
+        _lanes.getrf(_split(whole, whole * work), src[:whole], transposed, s[:whole], piv[:whole], info[:whole], pivot)
+    if whole < nb:
+        r = slice(whole, nb)
+        _kernels.getrf(_split(nb - whole, (nb - whole) * work), src[r], transposed, s[r], piv[r], info[r], pivot)
 
 
 def _solve_by_kernel(n: int, nrhs: int, dtype: np.dtype) -> bool:
@@ -147,7 +164,7 @@ class CpuBackend:
                 _lapack.getrf(s, piv, info, src, transposed)
                 piv += 1  # 0-based -> LAPACK 1-based (the kernel below writes them 1-based)
             else:
-                _kernels.getrf(_split(nb, nb * m * n * k), src, transposed, s, piv, info, pivot)
+                _kernel_factor(src, transposed, s, piv, info, pivot)
         lu = s.swapaxes(1, 2).reshape(*batch, m, n)
         return lu, piv.reshape(*batch, k), info.reshape(batch)
 

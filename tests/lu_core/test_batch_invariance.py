@@ -4,7 +4,9 @@ The service's dynamic batching merges concurrent requests into one call and must
 answer each bit-identically to the request served alone. So the CPU backend's
 choices (serial or parallel kernel twin, Numba kernel or LAPACK, LAPACK on the
 pool with one BLAS thread or threaded BLAS one matrix at a time) may depend on
-the matrix shape and dtype, never on the batch size. These tests put the same
+the matrix shape and dtype, never on the batch size; the one that does (small
+real matrices factored eight at a time in SIMD lanes, the batch's last few one
+by one) gives the same bits either way (also tests/lu_core/test_lanes.py). These tests put the same
 matrices alone and at several places in batches large enough to take the
 parallel twins, for every operation and dtype, at sizes on both sides of every
 crossover in ``lu_core._cpu._tuning``.
@@ -22,13 +24,15 @@ import lu_core
 from lu_core._cpu import _tuning
 from tests.helpers import DTYPES, random_matrix, well_conditioned
 
-# Square sizes around the crossovers: kernel factor (<= FACTOR_KERNEL_MAX_N, complex
+# Square sizes around the crossovers: the SIMD-lane factor (<= LANES_MAX_N), kernel factor (<= FACTOR_KERNEL_MAX_N, complex
 # <= FACTOR_KERNEL_COMPLEX_MAX_N), LAPACK on the pool (<= LAPACK_POOL_MAX_N), threaded
 # LAPACK above it; the fused unpack (<= UNPACK_FUSED_MAX_N) and the split one; solve
 # kernel and LAPACK getrs.
 SIZES = sorted(
     {
         1,
+        _tuning.LANES_MAX_N,
+        _tuning.LANES_MAX_N + 1,
         _tuning.UNPACK_FUSED_MAX_N,
         _tuning.UNPACK_FUSED_MAX_N + 1,
         _tuning.FACTOR_KERNEL_COMPLEX_MAX_N,

@@ -257,6 +257,28 @@ def test_the_real_process_opens_its_port_before_it_is_ready():
         srv.stop()
 
 
+def test_the_warm_up_compiles_both_twins_of_every_cpu_factor_kernel():
+    """In a fresh process (so nothing compiled them before): after the warm-up, the serial and parallel
+    twins of both factorization kernels (SIMD lanes and one matrix at a time) exist for every dtype
+    they take, so no request compiles one (seconds; the image's readiness check allows 10)."""
+    code = (
+        "import numpy as np\n"
+        "from service.app import warm_up\n"
+        "from service.device import CpuDevice\n"
+        "from lu_core._cpu import _kernels, _lanes\n"
+        "warm_up(CpuDevice())\n"
+        "for name, twin, dtypes in (('lanes', _lanes.getrf, 'fd'), ('one by one', _kernels.getrf, 'fdFD')):\n"
+        "    for kind in ('serial', 'parallel'):\n"
+        "        got = {str(sig[0].dtype) for sig in getattr(twin, kind).signatures}\n"
+        "        want = {str(np.dtype(c)) for c in dtypes}\n"
+        "        print(name, kind, 'ok' if want <= got else f'missing {sorted(want - got)}')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 4 and all(line.endswith(" ok") for line in lines), out.stdout
+
+
 @pytest.mark.parametrize("dtype", app_module.WARMUP_DTYPES)
 def test_the_warm_up_reaches_every_gpu_routine(dtype):
     """Each library the GPU backend calls loads on first use (seconds on a fresh machine): the warm-up's
