@@ -16,7 +16,9 @@ and a B batch of different shapes) runs alone.
 
 Answers are bit-identical to the job served alone: on the CPU ``lu_core``
 computes every matrix of a batch independently, by an algorithm chosen from the
-matrix's shape and dtype, never from the batch size (``tests/service/test_batching.py``
+matrix's shape and dtype, never from the batch size, or else by two that give the
+same bits (small real matrices eight at a time in SIMD lanes, or one by one;
+``tests/lu_core/test_lanes.py``) (``tests/service/test_batching.py``
 checks it for every operation and dtype, and ``tests/lu_core`` for the kernels);
 on a GPU only the jobs whose routine does not depend on the batch are merged
 (``service.device.gpu_merges``). When

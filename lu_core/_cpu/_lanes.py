@@ -10,8 +10,10 @@ group. A matrix gets exactly the bits of :func:`_kernels._getf2` (the tests
 compare them): the same operations in the same order per lane, no fused
 multiply-add, and where the scalar kernel skips an operation (a zero
 multiplier, a zero pivot) the lane keeps its old value through a select. Each
-lane swaps its own rows; a group with a subnormal pivot scales that step lane by
-lane, as the scalar kernel does.
+lane swaps its own rows; a group with a subnormal or NaN pivot scales that step
+lane by lane, dividing by that pivot as the scalar kernel does. (Where two NaNs
+meet in one operation, which one comes out, sign and payload, is up to the
+operand order LLVM picks, here as in the scalar kernel; the tests use one kind.)
 
 Numba leaves straight-line code unvectorized (its SLP vectorizer is off since
 numba#8705) and the loop vectorizer pays run-time alias checks on every
@@ -40,22 +42,33 @@ LANES = 8
 
 _HELPER = {"nogil": True, "error_model": "numpy"}
 
-# Groups per parallel task: each task allocates its work buffer once.
-_CHUNK = 64
-
 
 def _vectors(context, builder, sig, args):
     """The work buffer's element type, its ``LANES``-wide vector type and a
-    function giving a pointer to the vector at an element offset."""
+    function giving a pointer to the element at an offset."""
     aryty = sig.args[0]
     data = context.make_array(aryty)(context, builder, args[0]).data
     elt = context.get_data_type(aryty.dtype)
     vty = ir.VectorType(elt, LANES)
 
     def at(offset):
-        return builder.bitcast(builder.gep(data, [offset]), vty.as_pointer())
+        return builder.gep(data, [offset])
 
     return elt, vty, at
+
+
+def _typed(w, *arrays):
+    """Whether the intrinsics may take these arguments: a 1-D C-contiguous float32 or float64 work
+    buffer and small arrays as their code reads them (no reinterpretation of memory)."""
+
+    def flat(a, dtypes):
+        return isinstance(a, types.Array) and a.ndim == 1 and a.layout == "C" and a.dtype in dtypes
+
+    return flat(w, (types.float32, types.float64)) and all(flat(a, (d,)) for a, d in arrays)
+
+
+def _offsets(*offsets):
+    return all(isinstance(o, types.Integer) for o in offsets)
 
 
 def _load(builder, vty, ptr, elt_size):
@@ -71,6 +84,8 @@ def _vupdate(typingctx, w, y, a, f):
     """``w[y + l] -= w[a + l] * w[f + l]`` for every lane ``l`` whose
     multiplier ``w[f + l]`` is non-zero (``!=``, so a NaN one too); the others
     keep their value, as ``_getf2`` skips a zero multiplier."""
+    if not (_typed(w) and _offsets(y, a, f)):
+        return None
 
     def codegen(context, builder, sig, args):
         elt, vty, at = _vectors(context, builder, sig, args)
@@ -80,8 +95,8 @@ def _vupdate(typingctx, w, y, a, f):
         fv = _load(builder, vty, at(fo), size)
         av = _load(builder, vty, at(ao), size)
         new = builder.fsub(yv, builder.fmul(av, fv))
-        keep = builder.fcmp_unordered("!=", fv, ir.Constant(vty, None))
-        _store(builder, builder.select(keep, new, yv), at(yo), size)
+        update = builder.fcmp_unordered("!=", fv, ir.Constant(vty, None))
+        _store(builder, builder.select(update, new, yv), at(yo), size)
         return context.get_dummy_value()
 
     return types.void(w, y, a, f), codegen
@@ -91,6 +106,8 @@ def _vupdate(typingctx, w, y, a, f):
 def _vscale(typingctx, w, x, r, d):
     """``w[x + l] *= r[l]`` for every lane whose pivot ``w[d + l]`` is non-zero
     (a zero pivot leaves its column alone, as ``_getf2`` does)."""
+    if not (_typed(w, (r, getattr(w, "dtype", None))) and _offsets(x, d)):
+        return None
 
     def codegen(context, builder, sig, args):
         elt, vty, at = _vectors(context, builder, sig, args)
@@ -112,6 +129,8 @@ def _vpivot(typingctx, w, x, best, p, i):
     """One step of the pivot search in every lane: where ``|w[x + l]| > best[l]``
     (strictly, so the first of equal entries wins and a NaN never does, as in
     ``_getf2``), ``best[l]`` takes that magnitude and ``p[l]`` the row ``i``."""
+    if not (_typed(w, (best, getattr(w, "dtype", None)), (p, types.int64)) and _offsets(x, i)):
+        return None
 
     def codegen(context, builder, sig, args):
         elt, vty, at = _vectors(context, builder, sig, args)
@@ -198,34 +217,33 @@ def _getrf_lanes(src, transposed, s, piv, info, pivot):
     dtypes and a batch of whole groups of ``LANES`` matrices (the caller gives
     the rest to ``_kernels.getrf``)."""
     nb_, n, m = s.shape
+    if nb_ % LANES:
+        raise ValueError("_lanes.getrf takes whole groups of LANES matrices only")
     mn = m * n
-    groups = nb_ // LANES
     flat = src.reshape(nb_, mn)
     out = s.reshape(nb_, mn)
-    chunks = (groups + _CHUNK - 1) // _CHUNK
-    for ch in nb.prange(chunks):
-        w = np.empty(mn * LANES, s.dtype)  # one work buffer per chunk of groups, reused
+    for g in nb.prange(nb_ // LANES):
+        base = g * LANES
+        w = np.empty(mn * LANES, s.dtype)  # at most 16 KiB; per group, so every group is a parallel task
         best = np.empty(LANES, s.dtype)
         p = np.empty(LANES, np.int64)
-        for g in range(ch * _CHUNK, min(groups, (ch + 1) * _CHUNK)):
-            base = g * LANES
-            # Interleave: entry (c, i) of matrix l (transposed storage) to (c * m + i) * LANES + l,
-            # matrix by matrix, so that memory is read and written in order (the
-            # prefetchers follow that; eight interleaved streams they do not).
-            for ln in range(LANES):
-                x = flat[base + ln]
-                if transposed:  # x is the C-ordered m x n matrix
-                    for i in range(m):
-                        for c in range(n):
-                            w[(c * m + i) * LANES + ln] = x[i * n + c]
-                else:
-                    for e in range(mn):
-                        w[e * LANES + ln] = x[e]
-            _factor_group(w, n, m, piv, info, base, pivot, best, p)
-            for ln in range(LANES):
-                y = out[base + ln]
+        # Interleave: entry (c, i) of matrix l (transposed storage) to (c * m + i) * LANES + l,
+        # matrix by matrix, so that memory is read and written in order (the
+        # prefetchers follow that; eight interleaved streams they do not).
+        for ln in range(LANES):
+            x = flat[base + ln]
+            if transposed:  # x is the C-ordered m x n matrix
+                for i in range(m):
+                    for c in range(n):
+                        w[(c * m + i) * LANES + ln] = x[i * n + c]
+            else:
                 for e in range(mn):
-                    y[e] = w[e * LANES + ln]
+                    w[e * LANES + ln] = x[e]
+        _factor_group(w, n, m, piv, info, base, pivot, best, p)
+        for ln in range(LANES):
+            y = out[base + ln]
+            for e in range(mn):
+                y[e] = w[e * LANES + ln]
 
 
 getrf = Twin(_getrf_lanes)

@@ -38,8 +38,8 @@ FACTOR_KERNEL_COMPLEX_MAX_N = 32
 
 #: Largest ``max(m, n)`` of real matrices factored a group of eight at a time, one per SIMD lane
 #: (``_lanes``), when the batch has a group at all. Serial kernel time, lanes / one matrix at a
-#: time, ns per matrix (2026-11-26, the same bits): float64 8x8 0.73-0.74, 5x7 and 7x5 0.59-0.67,
-#: 16x16 0.64; float32 8x8 0.69-0.88, 16x16 0.62; at 32x32 the lanes lose (float64 1.6x, float32 0.9x).
+#: time (2026-11-26, the same bits): float64 8x8 0.73-0.74, 5x7 and 7x5 0.59-0.67, 16x16 0.64;
+#: float32 8x8 0.69-0.88, 16x16 0.62; at 32x32 float64 loses (1.6x), float32 gains little (0.9x).
 LANES_MAX_N = 16
 
 #: The batched solve kernel takes systems up to this ``n`` ...

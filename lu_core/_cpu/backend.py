@@ -3,7 +3,9 @@
 Small matrices go through the batched Numba kernels in ``_kernels`` (no Python
 loop per matrix); large ones through LAPACK per matrix in ``_lapack``. The
 switch points live in ``_tuning`` and depend on the matrix shape and dtype
-only, never on the batch size: a matrix gets the same bits alone as in a batch.
+only, never on the batch size, except where both sides give the same bits (small
+real matrices in SIMD-lane groups of eight, ``_lanes``, the batch's last few one
+by one): a matrix gets the same bits alone as in a batch.
 Each call launches one kernel where it can (copy and factor fused; a solve's
 right-hand sides copied by NumPy, then one kernel), and the kernels' serial
 twins take small work, so a small call costs a few microseconds.
@@ -81,9 +83,14 @@ def _kernel_factor(
     nb, n, m = s.shape
     work = m * n * min(m, n)
     whole = nb - nb % _lanes.LANES if s.dtype.kind == "f" and max(m, n) <= _tuning.LANES_MAX_N else 0
-    if whole:
+    if not nb:
+        return
+    if whole == nb:
+        _lanes.getrf(_split(nb, nb * work), src, transposed, s, piv, info, pivot)
+    elif not whole:
+        _kernels.getrf(_split(nb, nb * work), src, transposed, s, piv, info, pivot)
+    else:
         _lanes.getrf(_split(whole, whole * work), src[:whole], transposed, s[:whole], piv[:whole], info[:whole], pivot)
-    if whole < nb:
         r = slice(whole, nb)
         _kernels.getrf(_split(nb - whole, (nb - whole) * work), src[r], transposed, s[r], piv[r], info[r], pivot)
 

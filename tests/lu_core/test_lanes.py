@@ -35,7 +35,7 @@ def _special(rng: np.random.Generator, nb: int, m: int, n: int, dtype) -> np.nda
     a = rng.standard_normal((nb, m, n)).astype(dtype)
     tiny = np.finfo(dtype).tiny
     for b in range(0, nb, 3):
-        case = (b // 3) % 9
+        case = (b // 3) % 11
         x = a[b]
         if case == 0:
             x[:] = 0  # zero pivots from the first step: info 1
@@ -57,6 +57,16 @@ def _special(rng: np.random.Generator, nb: int, m: int, n: int, dtype) -> np.nda
             x[:, min(1, n - 1)] = 0  # zero multipliers skip their updates
         elif case == 8:
             x[:] = np.round(x)  # many exact ties and exact zeros
+        elif case == 9 and m > 1:
+            # Row 0 the first pivot, a NaN below it (a NaN multiplier), and zeros in the rest of row 0:
+            # every update of step 0 multiplies that NaN by a zero multiplier, which must be skipped.
+            x[0, 0] = 100.0
+            x[-1, 0] = np.nan
+            x[0, 1:] = 0
+        elif case == 10 and m > 2:
+            x[:, 0] = 0.5  # a tie below the diagonal beating it: the first of the two rows wins
+            x[1, 0] = 3.0
+            x[2, 0] = -3.0
     return a
 
 
@@ -69,7 +79,7 @@ def _same(x: tuple[np.ndarray, ...], y: tuple[np.ndarray, ...]) -> bool:
 @pytest.mark.parametrize("transposed", [True, False])
 def test_lanes_give_the_bits_of_one_matrix_at_a_time(rng, dtype, shape, transposed):
     m, n = shape
-    nb = 2 * _lanes._CHUNK * _lanes.LANES + _lanes.LANES  # every lane, two chunks of groups and one more group
+    nb = 45 * _lanes.LANES  # every case in every lane (11 cases, one every 3 matrices)
     a = _special(rng, nb, m, n, dtype)
     for pivot in (True, False):
         ref = _factor(_kernels.getrf.serial, a, transposed, pivot)
@@ -98,6 +108,12 @@ def test_the_backend_gives_whole_groups_to_the_lanes_and_the_rest_one_by_one(rng
     assert calls == expected
 
 
+def test_a_partial_group_is_refused(rng):
+    a = _special(rng, _lanes.LANES + 1, 4, 4, np.float64)
+    with pytest.raises(ValueError, match="whole groups"):
+        _factor(_lanes.getrf.serial, a, True, True)
+
+
 def test_complex_matrices_are_not_given_to_the_lanes(rng, monkeypatch):
     monkeypatch.setattr(_lanes, "getrf", None)  # would raise if called
     a = (rng.standard_normal((16, 8, 8)) + 1j * rng.standard_normal((16, 8, 8))).astype(np.complex128)
@@ -106,15 +122,19 @@ def test_complex_matrices_are_not_given_to_the_lanes(rng, monkeypatch):
 
 @pytest.mark.parametrize("dtype", REAL)
 def test_public_lu_factor_by_lanes_matches_each_matrix_alone(rng, dtype):
-    """Through the public API (the direct path and the general one, a non-contiguous input)."""
+    """Through the public API: the direct path (NumPy arrays), the backend's general one, and matrices
+    stored column-major (the other kind of source)."""
     a = _special(rng, 3 * _lanes.LANES + 2, 8, 8, dtype)
     LU, piv, info = lu_core.lu_factor_ex(a)
-    LU_t, piv_t, info_t = lu_core.lu_factor_ex(a.swapaxes(1, 2).copy().swapaxes(1, 2))  # column-major matrices
+    LU_g, piv_g, info_g = backend.CPU_BACKEND.lu_factor_ex(a, True)
+    LU_t, piv_t, info_t = lu_core.lu_factor_ex(a.swapaxes(1, 2).copy().swapaxes(1, 2))
     for i in range(a.shape[0]):
         LU1, piv1, info1 = lu_core.lu_factor_ex(a[i])
-        assert LU1.tobytes() == np.ascontiguousarray(LU[i]).tobytes() == np.ascontiguousarray(LU_t[i]).tobytes()
-        assert piv1.tobytes() == piv[i].tobytes() == piv_t[i].tobytes()
-        assert int(info1) == int(info[i]) == int(info_t[i])
+        one = LU1.tobytes()
+        assert one == np.ascontiguousarray(LU[i]).tobytes() == np.ascontiguousarray(LU_t[i]).tobytes()
+        assert one == np.ascontiguousarray(LU_g[i]).tobytes()
+        assert piv1.tobytes() == piv[i].tobytes() == piv_t[i].tobytes() == piv_g[i].tobytes()
+        assert int(info1) == int(info[i]) == int(info_t[i]) == int(info_g[i])
     P, L, U = lu_core.lu_unpack(LU, piv)
     ok = info == 0
     ok &= np.isfinite(a).all(axis=(1, 2))
