@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio.to_thread
 import numpy as np
@@ -46,6 +48,14 @@ WARMUP_DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
 WARMUP_SHAPES = ((10, 4), (16384, 4), (2, 24), (1024, 24), (1, 64), (4, 64), (4, 160))
 
 
+def _as_body(x: Any, frozen: bool) -> Any:
+    """``x`` as a request would bring it: read-only over bytes (binary) when ``frozen``, else as is
+    (on a GPU the outputs are device arrays and stay as they are)."""
+    if not frozen or not isinstance(x, np.ndarray):
+        return x
+    return np.frombuffer(np.ascontiguousarray(x).tobytes(), dtype=x.dtype).reshape(x.shape)
+
+
 def warm_up(device: Device) -> float:
     """Run every operation per dtype and kernel path (JIT-compiles the CPU kernels, loads the GPU modules).
 
@@ -57,13 +67,15 @@ def warm_up(device: Device) -> float:
 
     def shapes(max_n: int | None = None) -> None:
         for dtype in WARMUP_DTYPES:
-            for batch, n in WARMUP_SHAPES:
+            for (batch, n), frozen in itertools.product(WARMUP_SHAPES, (False, True)):
                 if max_n is not None and n > max_n:
                     continue
-                A = (rng.standard_normal((batch, n, n)) + n * np.eye(n)).astype(dtype)
-                B = rng.standard_normal((batch, n, 1)).astype(dtype)
+                # A binary request's tensors are read-only views of its body, a JSON request's writable
+                # arrays; Numba compiles each kernel for each, so the warm-up passes both.
+                A = _as_body((rng.standard_normal((batch, n, n)) + n * np.eye(n)).astype(dtype), frozen)
+                B = _as_body(rng.standard_normal((batch, n, 1)).astype(dtype), frozen)
                 factored = device.run(OPERATIONS["lu_factor"].compute, {"A": A}, {"pivot": True})
-                lu, piv = factored["LU"], factored["pivots"]
+                lu, piv = _as_body(factored["LU"], frozen), _as_body(factored["pivots"], frozen)
                 unpack_opts = dict(OPERATIONS["lu_unpack"].options)
                 device.run(OPERATIONS["lu_unpack"].compute, {"LU": lu, "pivots": piv}, unpack_opts)
                 solve_opts = dict(OPERATIONS["lu_solve"].options)

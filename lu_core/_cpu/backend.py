@@ -6,8 +6,9 @@ switch points live in ``_tuning`` and depend on the matrix shape and dtype
 only, never on the batch size, except where both sides give the same bits (small
 real matrices in SIMD-lane groups of eight, ``_lanes``, the batch's last few one
 by one): a matrix gets the same bits alone as in a batch.
-Each call launches one kernel where it can (copy and factor fused; a solve's
-right-hand sides copied by NumPy, then one kernel), and the kernels' serial
+Each call launches one kernel where it can (copy and factor fused, two when a
+batch factored in SIMD-lane groups leaves a few matrices over, those serially; a
+solve's right-hand sides copied by NumPy, then one kernel), and the kernels' serial
 twins take small work, so a small call costs a few microseconds.
 
 Storage: factorizations are produced column-major per matrix (``LU[b]`` is
@@ -82,9 +83,9 @@ def _kernel_factor(
     split may depend on the batch."""
     nb, n, m = s.shape
     work = m * n * min(m, n)
-    whole = nb - nb % _lanes.LANES if s.dtype.kind == "f" and max(m, n) <= _tuning.LANES_MAX_N else 0
     if not nb:
         return
+    whole = nb - nb % _lanes.LANES if s.dtype.kind == "f" and max(m, n) <= _tuning.LANES_MAX_N else 0
     if whole == nb:
         _lanes.getrf(_split(nb, nb * work), src, transposed, s, piv, info, pivot)
     elif not whole:

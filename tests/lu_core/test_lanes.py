@@ -75,7 +75,7 @@ def _same(x: tuple[np.ndarray, ...], y: tuple[np.ndarray, ...]) -> bool:
 
 
 @pytest.mark.parametrize("dtype", REAL)
-@pytest.mark.parametrize("shape", [(8, 8), (16, 16), (5, 7), (7, 5), (1, 6), (6, 1), (1, 1), (3, 3), (12, 16)])
+@pytest.mark.parametrize("shape", [(8, 8), (16, 16), (5, 7), (7, 5), (1, 6), (6, 1), (1, 1), (3, 3), (12, 16), (16, 9)])
 @pytest.mark.parametrize("transposed", [True, False])
 def test_lanes_give_the_bits_of_one_matrix_at_a_time(rng, dtype, shape, transposed):
     m, n = shape

@@ -260,7 +260,8 @@ def test_the_real_process_opens_its_port_before_it_is_ready():
 def test_the_warm_up_compiles_both_twins_of_every_cpu_factor_kernel():
     """In a fresh process (so nothing compiled them before): after the warm-up, the serial and parallel
     twins of both factorization kernels (SIMD lanes and one matrix at a time) exist for every dtype
-    they take, so no request compiles one (seconds; the image's readiness check allows 10)."""
+    they take, for writable inputs (JSON requests) and read-only ones (a binary request's tensors are
+    views of its body), so no request compiles one (2-3 s each; the image's readiness check allows 10)."""
     code = (
         "import numpy as np\n"
         "from service.app import warm_up\n"
@@ -269,14 +270,51 @@ def test_the_warm_up_compiles_both_twins_of_every_cpu_factor_kernel():
         "warm_up(CpuDevice())\n"
         "for name, twin, dtypes in (('lanes', _lanes.getrf, 'fd'), ('one by one', _kernels.getrf, 'fdFD')):\n"
         "    for kind in ('serial', 'parallel'):\n"
-        "        got = {str(sig[0].dtype) for sig in getattr(twin, kind).signatures}\n"
-        "        want = {str(np.dtype(c)) for c in dtypes}\n"
+        "        got = {(str(sig[0].dtype), sig[0].mutable) for sig in getattr(twin, kind).signatures}\n"
+        "        want = {(str(np.dtype(c)), w) for c in dtypes for w in (True, False)}\n"
         "        print(name, kind, 'ok' if want <= got else f'missing {sorted(want - got)}')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 4 and all(line.endswith(" ok") for line in lines), out.stdout
+
+
+def test_a_binary_request_after_the_warm_up_compiles_nothing():
+    """The first binary (read-only) request of each operation, in a fresh process after the warm-up,
+    adds no compiled signature to any CPU kernel."""
+    code = (
+        "import numpy as np\n"
+        "from service.app import warm_up, _as_body, OPERATIONS\n"
+        "from service.device import CpuDevice\n"
+        "from lu_core._cpu import _kernels, _lanes, _refine_kernels\n"
+        "import numba\n"
+        "device = CpuDevice()\n"
+        "warm_up(device)\n"
+        "def count():\n"
+        "    n = 0\n"
+        "    for mod in (_kernels, _lanes, _refine_kernels):\n"
+        "        for v in vars(mod).values():\n"
+        "            for d in (getattr(v, 'serial', None), getattr(v, 'parallel', None), v):\n"
+        "                if isinstance(d, numba.core.dispatcher.Dispatcher):\n"
+        "                    n += len(d.signatures)\n"
+        "    return n\n"
+        "before = count()\n"
+        "rng = np.random.default_rng(1)\n"
+        "for dt in (np.float32, np.float64, np.complex64, np.complex128):\n"
+        "    for batch, n in ((10, 4), (3, 8), (500, 8), (2, 24)):\n"
+        "        A = _as_body((rng.standard_normal((batch, n, n)) + n * np.eye(n)).astype(dt), True)\n"
+        "        B = _as_body(rng.standard_normal((batch, n, 2)).astype(dt), True)\n"
+        "        f = device.run(OPERATIONS['lu_factor'].compute, {'A': A}, {'pivot': True})\n"
+        "        lu, piv = _as_body(f['LU'], True), _as_body(f['pivots'], True)\n"
+        "        device.run(OPERATIONS['lu_unpack'].compute, {'LU': lu, 'pivots': piv}, dict(OPERATIONS['lu_unpack'].options))\n"
+        "        device.run(OPERATIONS['lu_solve'].compute, {'LU': lu, 'pivots': piv, 'B': B}, dict(OPERATIONS['lu_solve'].options))\n"
+        "        device.run(OPERATIONS['solve'].compute, {'A': A, 'B': B}, dict(OPERATIONS['solve'].options))\n"
+        "print('new signatures', count() - before)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("new signatures 0"), out.stdout
 
 
 @pytest.mark.parametrize("dtype", app_module.WARMUP_DTYPES)
