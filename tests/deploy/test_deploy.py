@@ -184,12 +184,16 @@ def test_smoke_start_command_in_a_fresh_environment(tmp_path):
         port = s.getsockname()[1]
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LU_PORT": str(port), "LU_DEVICE": "cpu"}
     cmd = _dockerfile_cmd("cpu")
-    proc = subprocess.Popen([str(env_dir / "bin" / cmd[0]), *cmd[1:]], cwd=tmp_path, env=env, stderr=subprocess.PIPE)
+    # The log goes to a file: a pipe nobody reads fills up (64 KiB) with the access lines of the
+    # readiness polls below, and the service then blocks writing its next one.
+    log = tmp_path / "service.log"
+    with log.open("wb") as sink:
+        proc = subprocess.Popen([str(env_dir / "bin" / cmd[0]), *cmd[1:]], cwd=tmp_path, env=env, stderr=sink)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 900  # a fresh environment compiles every kernel (minutes on a busy machine)
         while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert proc.poll() is None, log.read_text()[-3000:]
             try:
                 if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
                     break
@@ -197,7 +201,7 @@ def test_smoke_start_command_in_a_fresh_environment(tmp_path):
                 pass
             time.sleep(0.5)  # the port opens before warm-up ends: wait through the 503s too
         r = httpx.post(f"{url}/solve", json={"A": [[3.0, 1.0], [1.0, 2.0]], "B": [9.0, 8.0]}, timeout=60)
-        assert r.status_code == 200 and r.json()["X"]["data"] == [2.0, 3.0]
+        assert r.status_code == 200 and r.json()["X"]["data"] == [2.0, 3.0], log.read_text()[-3000:]
     finally:
         proc.terminate()
         proc.wait(60)
