@@ -257,40 +257,47 @@ def test_the_real_process_opens_its_port_before_it_is_ready():
         srv.stop()
 
 
+# The start of both fresh-process scripts below: a CPU device, warmed up as the service warms it up.
+_WARMED_UP = (
+    "import numba\n"
+    "import numpy as np\n"
+    "from service.app import warm_up, _as_body, OPERATIONS\n"
+    "from service.device import CpuDevice\n"
+    "from lu_core._cpu import _kernels, _lanes, _refine_kernels\n"
+    "device = CpuDevice()\n"
+    "warm_up(device)\n"
+)
+
+
+def _in_a_fresh_process(code: str) -> str:
+    """``_WARMED_UP`` then ``code`` in a new interpreter (nothing compiled before it); its stdout."""
+    out = subprocess.run(
+        [sys.executable, "-c", _WARMED_UP + code], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
 def test_the_warm_up_compiles_both_twins_of_every_cpu_factor_kernel():
     """In a fresh process (so nothing compiled them before): after the warm-up, the serial and parallel
     twins of both factorization kernels (SIMD lanes and one matrix at a time) exist for every dtype
     they take, for writable inputs (JSON requests) and read-only ones (a binary request's tensors are
     views of its body), so no request compiles one (2-3 s each; the image's readiness check allows 10)."""
-    code = (
-        "import numpy as np\n"
-        "from service.app import warm_up\n"
-        "from service.device import CpuDevice\n"
-        "from lu_core._cpu import _kernels, _lanes\n"
-        "warm_up(CpuDevice())\n"
+    stdout = _in_a_fresh_process(
         "for name, twin, dtypes in (('lanes', _lanes.getrf, 'fd'), ('one by one', _kernels.getrf, 'fdFD')):\n"
         "    for kind in ('serial', 'parallel'):\n"
         "        got = {(str(sig[0].dtype), sig[0].mutable) for sig in getattr(twin, kind).signatures}\n"
         "        want = {(str(np.dtype(c)), w) for c in dtypes for w in (True, False)}\n"
         "        print(name, kind, 'ok' if want <= got else f'missing {sorted(want - got)}')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    lines = out.stdout.strip().splitlines()
-    assert len(lines) == 4 and all(line.endswith(" ok") for line in lines), out.stdout
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 4 and all(line.endswith(" ok") for line in lines), stdout
 
 
 def test_a_binary_request_after_the_warm_up_compiles_nothing():
     """The first binary (read-only) request of each operation, in a fresh process after the warm-up,
     adds no compiled signature to any CPU kernel."""
-    code = (
-        "import numpy as np\n"
-        "from service.app import warm_up, _as_body, OPERATIONS\n"
-        "from service.device import CpuDevice\n"
-        "from lu_core._cpu import _kernels, _lanes, _refine_kernels\n"
-        "import numba\n"
-        "device = CpuDevice()\n"
-        "warm_up(device)\n"
+    stdout = _in_a_fresh_process(
         "def count():\n"
         "    n = 0\n"
         "    for mod in (_kernels, _lanes, _refine_kernels):\n"
@@ -312,9 +319,7 @@ def test_a_binary_request_after_the_warm_up_compiles_nothing():
         "        device.run(OPERATIONS['solve'].compute, {'A': A, 'B': B}, dict(OPERATIONS['solve'].options))\n"
         "print('new signatures', count() - before)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().endswith("new signatures 0"), out.stdout
+    assert stdout.strip().endswith("new signatures 0"), stdout
 
 
 @pytest.mark.parametrize("dtype", app_module.WARMUP_DTYPES)
