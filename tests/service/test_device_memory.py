@@ -282,7 +282,9 @@ async def test_gpu_pool_limit_refusal_compute_oom_and_recovery(make_client, rng)
     client = await make_client(device="gpu", gpu_memory_bytes=256 << 20, warmup=True)
     device = client.app.state.worker.device
     assert device.kind == "gpu" and device.memory_limit == 256 << 20
-    A = rng.standard_normal((1, 6000, 6000))  # 288 MB: over the limit from its shape
+    # 200 MB in (under LU_MAX_REQUEST_BYTES' 256 MiB, which answered 413 to 6000 x 6000 on the H100) and
+    # 200 MB out: over the 256 MiB limit from its shapes.
+    A = rng.standard_normal((1, 5000, 5000))
     body, headers = binary_request({"A": A})
     r = await client.post("/lu_factor", content=body, headers=headers)
     assert r.status_code == 503 and r.json()["code"] == "device_out_of_memory"
