@@ -242,10 +242,28 @@ def _best(row: dict, keys: tuple[str, ...]) -> str:
     return min((k for k in keys if k in row), key=lambda k: row[k])
 
 
+def _wins_up_to(rows: list[dict], key: str, path: str, paths: tuple[str, ...]) -> int:
+    """The largest value of ``key`` up to which ``path`` is the fastest of ``paths`` in at least half of
+    the rows at each value (0 where it loses the smallest)."""
+    by_value: dict[int, list[bool]] = {}
+    for r in rows:
+        by_value.setdefault(r[key], []).append(_best(r, paths) == path)
+    last = 0
+    for value in sorted(by_value):
+        won = by_value[value]
+        if 2 * sum(won) < len(won):
+            break
+        last = value
+    return last
+
+
 def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object]:
-    """Table entries the measurements support (the largest n where a path still wins; for rectangular
-    matrices the largest size in shared memory up to which our kernel wins every case of a batch of
-    ``RECT_DECISIVE_BATCH`` or more). An entry nothing measured is None ("not measured"), never 0."""
+    """Table entries the measurements support: for a path chosen by n, the largest n up to which it wins
+    at least half of the cases measured at each n (one noisy win does not move a threshold: on the
+    first H100 run getrsBatched won 16 of 192 library solves, scattered up to n = 256, and lost the
+    rest by ~15%); for rectangular matrices the largest size in shared memory up to which our kernel
+    wins every case of a batch of ``RECT_DECISIVE_BATCH`` or more. An entry nothing measured is None
+    ("not measured"), never 0."""
     rect: dict[int, list[dict]] = {}  # by the exact bytes of one matrix in shared memory
     for r in factor_rows:
         if "m" in r and r["batch"] >= RECT_DECISIVE_BATCH:
@@ -256,10 +274,13 @@ def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object
         if any(_best(r, ("own", "cusolver")) != "own" for r in rect[need]):
             break
         rect_bytes = need
-    own_factor = [r["n"] for r in square if "own" in r and _best(r, ("own", "getrfBatched", "cusolver")) == "own"]
-    own_solve = [r["n"] for r in solve_rows if "own" in r and _best(r, ("own", "getrsBatched", "trsmBatched")) == "own"]
+    own_factor = _wins_up_to([r for r in square if "own" in r], "n", "own", ("own", "getrfBatched", "cusolver"))
+    own_solve = _wins_up_to([r for r in solve_rows if "own" in r], "n", "own", ("own", "getrsBatched", "trsmBatched"))
     library_solves = [r for r in solve_rows if r["n"] > 32]
-    getrs = [r for r in library_solves if _best(r, ("getrsBatched", "trsmBatched")) == "getrsBatched"]
+    getrs_paths = ("getrsBatched", "trsmBatched")
+    getrs_n = _wins_up_to(library_solves, "n", "getrsBatched", getrs_paths)
+    getrs_rows = [r for r in library_solves if r["n"] <= getrs_n]
+    getrs_nrhs = _wins_up_to(getrs_rows, "nrhs", "getrsBatched", getrs_paths)
     crossovers = {}
     for r in square:
         if r["n"] > 32 and "cusolver" in r and _best(r, ("getrfBatched", "cusolver")) == "getrfBatched":
@@ -270,11 +291,11 @@ def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object
         return value if rows else None
 
     return {
-        "SMALL_FACTOR_MAX_N": measured(square, max(own_factor, default=0)),
-        "SMALL_SOLVE_MAX_N": measured(solve_rows, max(own_solve, default=0)),
+        "SMALL_FACTOR_MAX_N": measured(square, own_factor),
+        "SMALL_SOLVE_MAX_N": measured(solve_rows, own_solve),
         "RECT_FACTOR_MAX_BYTES": measured(list(rect), rect_bytes),
-        "GETRS_BATCHED_MAX_N": measured(library_solves, max((r["n"] for r in getrs), default=0)),
-        "GETRS_BATCHED_MAX_NRHS": measured(library_solves, max((r["nrhs"] for r in getrs), default=0)),
+        "GETRS_BATCHED_MAX_N": measured(library_solves, getrs_n),
+        "GETRS_BATCHED_MAX_NRHS": measured(library_solves, getrs_nrhs),
         "getrfBatched largest winning n per (dtype, batch)": dict(sorted(crossovers.items())),
     }
 

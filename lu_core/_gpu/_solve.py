@@ -8,7 +8,8 @@ trsm path of ``A X = B``, already permuted. Then:
 * ``n <= 32``: our ``small_getrs``: a group of lanes per vector, several a warp, the pivots
   applied in registers;
 * a single problem: cuSOLVER ``getrs``;
-* few right-hand sides, ``n <= 128``: cuBLAS ``getrsBatched``;
+* few right-hand sides and ``n`` up to ``_tuning.GETRS_BATCHED_MAX_N`` (0 since the H100's
+  calibration: never): cuBLAS ``getrsBatched``;
 * otherwise: two cuBLAS ``trsmBatched`` calls (BLAS-3), plus ``scatter_rows``
   for the inverse permutation of the transposed / adjoint solve.
 

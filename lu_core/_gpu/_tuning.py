@@ -13,6 +13,21 @@ a single matrix to cuSOLVER, 0.12-0.25 ms against 0.15-2.1 ms) and every
 square batch up to 4096 matrices (cuBLAS ``getrfBatched`` wins at 32768 matrices
 of n = 8 and 16: 0.11 / 0.19 ms against 0.15 / 0.32 ms), so ``SMALL_FACTOR_MAX_N``
 and ``RECT_FACTOR_MAX_BYTES`` stand; the solve thresholds are not measured yet.
+
+The second run (an H100, 2026-11-26, ``bench/results/2026-11-26-gpu-proof-h100/2-measure-calibration.md``)
+measured every path: our square factorization wins every case up to n = 32 in every dtype (at n = 48
+only float32's and the 4096-matrix batches; cuBLAS ``getrfBatched`` the rest by ~7%), so
+``SMALL_FACTOR_MAX_N`` stands; our solve wins up to n = 32 except past ~2^27 multiply-adds (8192
+problems x 16 or 64 right-hand sides: trsmBatched 2-3x faster there; kept, so that a solve's result
+never depends on its batch, which the service's dynamic batching relies on); cuBLAS ``getrsBatched``
+lost 176 of 192 library solves (n = 48 to 256, 1 to 64 right-hand sides) to ``trsmBatched``, by 15%
+(geometric mean) at every n, so ``GETRS_BATCHED_MAX_N`` is 0. ``RECT_FACTOR_MAX_BYTES`` stays at
+96 KiB although our kernel won every batch of 16 or more up to 191 KiB: a single matrix loses 2x-7x to
+cuSOLVER there (2.3 against 0.35 ms at 191 x 128), and the choice is the shape's alone.
+Complex pivots: cuBLAS ``getrfBatched`` does not pick LAPACK's pivots (it compares moduli, not
+``|re| + |im|``: 0 of 64 random complex matrices of n = 40 matched SciPy); cuSOLVER and our kernels
+do. So square complex batches of n > 32 that take ``getrfBatched`` (as PyTorch CUDA's do) can pivot
+differently from the CPU: a valid ``A = P L U`` all the same (README, GPU section).
 """
 
 from __future__ import annotations
@@ -107,9 +122,10 @@ def getrf_batched_wins(batch: int, n: int, dtype: np.dtype) -> bool:
 
 #: cuBLAS ``getrsBatched`` (pivots gathered per problem, LU read through
 #: repeated pointers) for systems up to this n with at most this many
-#: right-hand sides; cuBLAS ``trsmBatched`` (BLAS-3) otherwise.
-GETRS_BATCHED_MAX_N = 128
-GETRS_BATCHED_MAX_NRHS = 2
+#: right-hand sides; cuBLAS ``trsmBatched`` (BLAS-3) otherwise. 0: never
+#: (the H100's calibration: trsmBatched was faster at every n and count).
+GETRS_BATCHED_MAX_N = 0
+GETRS_BATCHED_MAX_NRHS = 0
 
 #: A solve of more problems than this computes its per-problem index arrays (which factorization,
 #: where ``B``'s block starts) on the device (``kernels.cu``'s ``batch_offsets``); fewer, on the host,

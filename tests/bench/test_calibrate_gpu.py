@@ -67,6 +67,28 @@ def test_suggestions_follow_the_fastest_path():
     assert "| float64 | 256 | 64 | 16 | 64 | 3000.000 | 2000.000 | cusolver |" in text
 
 
+def test_a_path_moves_a_threshold_where_it_wins_most_cases_not_one():
+    """The first H100 run: at n = 48 our factorization won float32's batches and lost most others;
+    getrsBatched won a few scattered library solves (n = 48 to 256) and lost the rest."""
+
+    def factor(dtype, n, own):
+        return {"dtype": dtype, "n": n, "batch": 8, "own": own, "getrfBatched": 1.0, "cusolver": 9.0}
+
+    square = [factor(d, 32, 0.5) for d in ("float32", "float64", "complex64")]
+    square += [factor("float32", 48, 0.5), factor("float64", 48, 2.0), factor("complex64", 48, 2.0)]
+    solve = [
+        {"dtype": d, "n": n, "batch": 8, "nrhs": r, "getrsBatched": g, "trsmBatched": 1.0}
+        for d, n, r, g in [("float64", 48, 1, 0.9), ("float32", 48, 1, 1.2), ("float64", 48, 64, 1.1),
+                           ("float64", 64, 1, 1.2), ("float64", 256, 1, 0.9)]
+    ]  # fmt: skip
+    s = calibrate_gpu.suggest(square, solve)
+    assert s["SMALL_FACTOR_MAX_N"] == 32
+    assert s["GETRS_BATCHED_MAX_N"] == 0 and s["GETRS_BATCHED_MAX_NRHS"] == 0
+    half = calibrate_gpu.suggest(square[:4] + square[5:], solve[:2] + solve[3:4])  # 48: one of two won
+    assert half["SMALL_FACTOR_MAX_N"] == 48 and half["GETRS_BATCHED_MAX_N"] == 48
+    assert half["GETRS_BATCHED_MAX_NRHS"] == 1
+
+
 @pytest.mark.gpu
 def test_quick_calibration_on_a_device(tmp_path):
     assert calibrate_gpu.main(["--out", str(tmp_path), "--quick"]) == 0
