@@ -67,26 +67,29 @@ def test_suggestions_follow_the_fastest_path():
     assert "| float64 | 256 | 64 | 16 | 64 | 3000.000 | 2000.000 | cusolver |" in text
 
 
-def test_a_path_moves_a_threshold_where_it_wins_most_cases_not_one():
-    """The first H100 run: at n = 48 our factorization won float32's batches and lost most others;
-    getrsBatched won a few scattered library solves (n = 48 to 256) and lost the rest."""
+def test_a_threshold_is_the_cheapest_over_every_case_not_the_largest_win():
+    """The first H100 run: getrsBatched won a few scattered library solves (n = 48 to 256) and lost the
+    rest; at n = 48 our factorization won float32's batches by a little and lost the others by more."""
 
     def factor(dtype, n, own):
         return {"dtype": dtype, "n": n, "batch": 8, "own": own, "getrfBatched": 1.0, "cusolver": 9.0}
 
+    def solve(n, nrhs, getrs):
+        return {"dtype": "float64", "n": n, "batch": 8, "nrhs": nrhs, "getrsBatched": getrs, "trsmBatched": 1.0}
+
     square = [factor(d, 32, 0.5) for d in ("float32", "float64", "complex64")]
-    square += [factor("float32", 48, 0.5), factor("float64", 48, 2.0), factor("complex64", 48, 2.0)]
-    solve = [
-        {"dtype": d, "n": n, "batch": 8, "nrhs": r, "getrsBatched": g, "trsmBatched": 1.0}
-        for d, n, r, g in [("float64", 48, 1, 0.9), ("float32", 48, 1, 1.2), ("float64", 48, 64, 1.1),
-                           ("float64", 64, 1, 1.2), ("float64", 256, 1, 0.9)]
-    ]  # fmt: skip
-    s = calibrate_gpu.suggest(square, solve)
+    square += [factor("float32", 48, 0.95), factor("float64", 48, 1.3), factor("complex64", 48, 1.3)]
+    scattered = [solve(n, r, 0.95 if (n, r) in {(48, 1), (256, 4)} else 1.15) for n in (48, 64, 256) for r in (1, 4)]
+    s = calibrate_gpu.suggest(square, scattered)
     assert s["SMALL_FACTOR_MAX_N"] == 32
     assert s["GETRS_BATCHED_MAX_N"] == 0 and s["GETRS_BATCHED_MAX_NRHS"] == 0
-    half = calibrate_gpu.suggest(square[:4] + square[5:], solve[:2] + solve[3:4])  # 48: one of two won
-    assert half["SMALL_FACTOR_MAX_N"] == 48 and half["GETRS_BATCHED_MAX_N"] == 48
-    assert half["GETRS_BATCHED_MAX_NRHS"] == 1
+    # PyTorch's regime: getrsBatched wins every case with at most two right-hand sides up to n = 128.
+    few = [solve(n, r, 0.8 if n <= 128 and r <= 2 else 1.2) for n in (48, 64, 128, 256) for r in (1, 2, 4, 16, 64)]
+    s = calibrate_gpu.suggest([], few)
+    assert s["GETRS_BATCHED_MAX_N"] == 128 and s["GETRS_BATCHED_MAX_NRHS"] == 2
+    # A path never measured at an n is never sent there: our kernel stops at the last n it ran.
+    unmeasured = {k: v for k, v in factor("float64", 64, 0.0).items() if k != "own"}
+    assert calibrate_gpu.suggest([factor("float64", 16, 0.5), unmeasured], [])["SMALL_FACTOR_MAX_N"] == 16
 
 
 @pytest.mark.gpu
@@ -129,6 +132,18 @@ def test_the_profile_report_puts_ours_beside_torch():
     assert "| lu_solve | 1 | 8 | float64 | 150.0 | 190.2 | 20.0 | 35.0 |" in text
     assert "| lu_factor | 1 | 8 | float64 | 60.0 | 80.0 | – | – |" in text
     assert "### lu_solve 1x8 float64" in text and "200  0.010  get" in text
+
+
+def test_the_profile_report_shows_the_first_large_solve_of_each_fresh_process():
+    from bench import profile_gpu
+
+    times = {"import s": 1.5, "warm-up s": 0.25, "upload s": 0.125, "first lu_solve s": 6.3, "second lu_solve s": 0.003}
+    first = [{"times": times, "profile": "ncalls  cumtime\n  1  6.300  getrs"}, {"error": "no answer in 30 s"}]
+    text = profile_gpu.report("Test GPU", [], {}, first)
+    assert "| 1 | 1.500 | 0.250 | 0.125 | 6.300 | 0.003 |" in text
+    assert "| 2 | – | – | – | – | no answer in 30 s |" in text
+    assert "### Process 1: cProfile of the first lu_solve" in text and "6.300  getrs" in text
+    assert "Process 2: cProfile" not in text and "fresh process" not in profile_gpu.report("Test GPU", [], {})
 
 
 @pytest.mark.parametrize("dtype", ["complex64", "complex128"])
