@@ -17,6 +17,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import itertools
+import math
 import pathlib
 import re
 import sys
@@ -196,7 +198,8 @@ def pivot_agreement(progress: Callable[[str], None]) -> list[str]:
     """Whether each library routine picks LAPACK's pivots: the GPU's pivots against SciPy's LAPACK
     ``?getrf`` on the same random batches, per dtype, and for complex dtypes which measure a
     constructed matrix reveals. Issue 11 asks it of cuBLAS ``getrfBatched``, which does not document
-    its complex measure; the tests accept either (a valid ``P @ L @ U``), this says which it is.
+    its complex measure (the H100: not LAPACK's); the parity tests compare pivots only where the
+    routine uses LAPACK's measure and check ``P @ L @ U`` everywhere; this says which it is.
     A case that fails is reported in its row; the others still run."""
     import cupy as cp
     import scipy.linalg
@@ -242,28 +245,42 @@ def _best(row: dict, keys: tuple[str, ...]) -> str:
     return min((k for k in keys if k in row), key=lambda k: row[k])
 
 
-def _wins_up_to(rows: list[dict], key: str, path: str, paths: tuple[str, ...]) -> int:
-    """The largest value of ``key`` up to which ``path`` is the fastest of ``paths`` in at least half of
-    the rows at each value (0 where it loses the smallest)."""
-    by_value: dict[int, list[bool]] = {}
-    for r in rows:
-        by_value.setdefault(r[key], []).append(_best(r, paths) == path)
-    last = 0
-    for value in sorted(by_value):
-        won = by_value[value]
-        if 2 * sum(won) < len(won):
-            break
-        last = value
-    return last
+#: What a larger threshold must save over a smaller one (in ``_cheapest_threshold``'s cost): one case
+#: 10% faster.
+THRESHOLD_NOISE = math.log(1.1)
+
+
+def _cheapest_threshold(rows: list[dict], keys: tuple[str, ...], path: str, others: tuple[str, ...]) -> tuple:
+    """The threshold, a value per key, that costs least: rows whose every key is at most its value go to
+    ``path``, the rest to the fastest of ``others``, and the cost is the sum over rows of
+    ``log(chosen / fastest)``: how much slower than the best the table would be, case by case, in
+    proportion. Candidates are 0 (never) and the measured values, smallest first; a larger one is
+    taken only where it saves more than ``THRESHOLD_NOISE`` (one case won by a few per cent is
+    noise, not a crossover); a threshold that would send a row to ``path`` where it was not measured
+    is none."""
+    best: tuple[float, tuple] | None = None
+    for candidate in itertools.product(*([0, *sorted({r[k] for r in rows})] for k in keys)):
+        cost = 0.0
+        for r in rows:
+            inside = all(r[k] <= v for k, v in zip(keys, candidate, strict=True))
+            if inside and path not in r:
+                cost = math.inf
+                break
+            fastest = min(r[p] for p in (path, *others) if p in r)
+            cost += math.log((r[path] if inside else min((r[p] for p in others if p in r), default=fastest)) / fastest)
+        if best is None or cost < best[0] - THRESHOLD_NOISE:
+            best = (cost, candidate)
+    return best[1] if best is not None else tuple(0 for _ in keys)
 
 
 def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object]:
-    """Table entries the measurements support: for a path chosen by n, the largest n up to which it wins
-    at least half of the cases measured at each n (one noisy win does not move a threshold: on the
-    first H100 run getrsBatched won 16 of 192 library solves, scattered up to n = 256, and lost the
-    rest by ~15%); for rectangular matrices the largest size in shared memory up to which our kernel
-    wins every case of a batch of ``RECT_DECISIVE_BATCH`` or more. An entry nothing measured is None
-    ("not measured"), never 0."""
+    """Table entries the measurements support: for a path chosen by n (and the number of right-hand
+    sides), the threshold that costs least over every case measured (``_cheapest_threshold``), so a
+    few noisy wins do not move it (the first H100 run: getrsBatched won 15 of 180 library solves,
+    scattered from n = 48 to 256, and lost the rest by 13% on average; the largest single win had
+    suggested n <= 256); for rectangular matrices the largest size in shared memory up to which our
+    kernel wins every case of a batch of ``RECT_DECISIVE_BATCH`` or more. An entry nothing measured
+    is None ("not measured"), never 0."""
     rect: dict[int, list[dict]] = {}  # by the exact bytes of one matrix in shared memory
     for r in factor_rows:
         if "m" in r and r["batch"] >= RECT_DECISIVE_BATCH:
@@ -274,13 +291,10 @@ def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object
         if any(_best(r, ("own", "cusolver")) != "own" for r in rect[need]):
             break
         rect_bytes = need
-    own_factor = _wins_up_to([r for r in square if "own" in r], "n", "own", ("own", "getrfBatched", "cusolver"))
-    own_solve = _wins_up_to([r for r in solve_rows if "own" in r], "n", "own", ("own", "getrsBatched", "trsmBatched"))
+    (own_factor,) = _cheapest_threshold(square, ("n",), "own", ("getrfBatched", "cusolver"))
+    (own_solve,) = _cheapest_threshold(solve_rows, ("n",), "own", ("getrsBatched", "trsmBatched"))
     library_solves = [r for r in solve_rows if r["n"] > 32]
-    getrs_paths = ("getrsBatched", "trsmBatched")
-    getrs_n = _wins_up_to(library_solves, "n", "getrsBatched", getrs_paths)
-    getrs_rows = [r for r in library_solves if r["n"] <= getrs_n]
-    getrs_nrhs = _wins_up_to(getrs_rows, "nrhs", "getrsBatched", getrs_paths)
+    getrs_n, getrs_nrhs = _cheapest_threshold(library_solves, ("n", "nrhs"), "getrsBatched", ("trsmBatched",))
     crossovers = {}
     for r in square:
         if r["n"] > 32 and "cusolver" in r and _best(r, ("getrfBatched", "cusolver")) == "getrfBatched":

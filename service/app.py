@@ -41,12 +41,15 @@ WARMUP_DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
 # (past lu_core's PARALLEL_MIN_WORK) their parallel twins, which would otherwise be loaded or
 # compiled on the first large request; n = 4 unpacks in the fused kernel, n = 24 in the split ones;
 # a batch of 10 4x4 matrices factors eight in SIMD lanes and two one by one (lu_core._cpu._lanes).
-# On a GPU those take our own kernels; (1, 64) and (4, 64) reach cuSOLVER getrf / getrs and cuBLAS
+# (4, 160) is over lu_core's FACTOR_KERNEL_MAX_N: LAPACK's getrf on the CPU. On a GPU the small shapes
+# take our own kernels; (1, 64), (4, 64) and (4, 160) reach cuSOLVER getrf / getrs and cuBLAS
 # getrfBatched / trsmBatched (lu_core/_gpu/_tuning.py's factor_path and solve_path; getrsBatched
-# where GETRS_BATCHED_MAX_N takes n = 64: not since the H100's calibration), whose libraries load on
-# first use. (The first 5792 x 5792 solve still paid 6.3 s on the H100 after this warm-up, 4.4 s on
-# the H200 before it: something a large solve loads that n = 64 does not; not found yet.)
-WARMUP_SHAPES = ((10, 4), (16384, 4), (2, 24), (1024, 24), (1, 64), (4, 64))
+# where GETRS_BATCHED_MAX_N reaches n = 64: not since the H100's calibration; the test
+# test_the_warm_up_reaches_every_gpu_routine checks that every routine the table can choose is
+# reached), whose libraries load on first use. (The first 5792 x 5792 solve still paid 6.3 s on the
+# H100 after this warm-up, 4.4 s on the H200 before it: something a large solve loads that n = 64
+# does not; bench/profile_gpu.py's first-call section is to find it.)
+WARMUP_SHAPES = ((10, 4), (16384, 4), (2, 24), (1024, 24), (1, 64), (4, 64), (4, 160))
 
 
 def _as_body(x: Any, frozen: bool) -> Any:

@@ -13,8 +13,9 @@
   per matrix, as PyTorch does.
 
 Pivots: the small kernel and cuSOLVER choose LAPACK's pivot (first entry of
-largest ``|re| + |im|``). cuBLAS ``getrfBatched`` does not document its
-measure for complex entries; for real dtypes the largest ``|x|`` is the only
+largest ``|re| + |im|``). cuBLAS ``getrfBatched`` does not for complex entries
+(the H100's calibration: another measure, the modulus or ``max(|re|, |im|)``;
+``_tuning``'s docstring); for real dtypes the largest ``|x|`` is the only
 choice, and ties are broken by cuBLAS. Where they differ the factorization is
 still valid (``P @ L @ U == A``), which is what the tests assert there.
 

@@ -1,9 +1,9 @@
 """Dispatch thresholds of the GPU backend, in one table.
 
-PARTLY CALIBRATED. The values are PyTorch's (its ``get_lu_factor_solver_backend``
-and ``lu_solve`` heuristics in ``aten/src/ATen/native/cuda/linalg/
-BatchLinearAlgebra.cpp``, measured by its authors on H100 / A100 / L40) and
-the register limit of our own small-matrix kernels. ``python -m
+PARTLY CALIBRATED. The getrfBatched / cuSOLVER choice is PyTorch's (its
+``get_lu_factor_solver_backend`` heuristic in ``aten/src/ATen/native/cuda/linalg/
+BatchLinearAlgebra.cpp``, measured by its authors on H100 / A100 / L40); the
+small-kernel limits and ``GETRS_BATCHED_MAX_N`` come from our calibrations (below). ``python -m
 bench.calibrate_gpu --out DIR`` measures the crossovers on a device and
 prints the values to put here. The first device run (an H200, 2026-11-26,
 ``bench/results/2026-11-26-gpu-proof-h200/2-measure-calibration.md``, 50 s of
@@ -15,19 +15,25 @@ of n = 8 and 16: 0.11 / 0.19 ms against 0.15 / 0.32 ms), so ``SMALL_FACTOR_MAX_N
 and ``RECT_FACTOR_MAX_BYTES`` stand; the solve thresholds are not measured yet.
 
 The second run (an H100, 2026-11-26, ``bench/results/2026-11-26-gpu-proof-h100/2-measure-calibration.md``)
-measured every path: our square factorization wins every case up to n = 32 in every dtype (at n = 48
-only float32's and the 4096-matrix batches; cuBLAS ``getrfBatched`` the rest by ~7%), so
-``SMALL_FACTOR_MAX_N`` stands; our solve wins up to n = 32 except past ~2^27 multiply-adds (8192
-problems x 16 or 64 right-hand sides: trsmBatched 2-3x faster there; kept, so that a solve's result
-never depends on its batch, which the service's dynamic batching relies on); cuBLAS ``getrsBatched``
-lost 176 of 192 library solves (n = 48 to 256, 1 to 64 right-hand sides) to ``trsmBatched``, by 15%
-(geometric mean) at every n, so ``GETRS_BATCHED_MAX_N`` is 0. ``RECT_FACTOR_MAX_BYTES`` stays at
-96 KiB although our kernel won every batch of 16 or more up to 191 KiB: a single matrix loses 2x-7x to
-cuSOLVER there (2.3 against 0.35 ms at 191 x 128), and the choice is the shape's alone.
-Complex pivots: cuBLAS ``getrfBatched`` does not pick LAPACK's pivots (it compares moduli, not
-``|re| + |im|``: 0 of 64 random complex matrices of n = 40 matched SciPy); cuSOLVER and our kernels
-do. So square complex batches of n > 32 that take ``getrfBatched`` (as PyTorch CUDA's do) can pivot
-differently from the CPU: a valid ``A = P L U`` all the same (README, GPU section).
+measured every path but complex128's solves. Our square factorization won 114 of 120 cases up to
+n = 32 (the 6 losses, by up to 1.26x, all at 32768 matrices of n = 16-32, complex and float32's
+n = 24); at n = 48 it won float32's batches and the largest (4096), and lost the rest to cuBLAS
+``getrfBatched`` by 2-34%. The calibration's rule (least total slowdown) suggests 48, by a margin
+of about 1.5 cases of 10% over 20 cases; ``SMALL_FACTOR_MAX_N`` stays 32: a wash, and square
+n = 33-48 on our kernel has not been through the parity tests on a device. Our solve wins up to
+n = 32 except for large batches with many right-hand sides (8192 problems x 16-64; complex64
+from 512 x 64 and 8192 x 4), where ``trsmBatched`` is 1.1-3.8x faster; kept, so that a solve's
+result never depends on its batch, which the service's dynamic batching relies on. cuBLAS
+``getrsBatched`` lost 165 of 180 library solves (n = 48 to 256, 1 to 64 right-hand sides) to
+``trsmBatched``, by 13% (geometric mean; 9.5-15% at each n), so ``GETRS_BATCHED_MAX_N`` is 0.
+``RECT_FACTOR_MAX_BYTES`` stays at 96 KiB although our kernel won every batch of 16 or more up
+to 191 KiB: a single matrix loses 2x-7x to cuSOLVER there (2.3 against 0.35 ms at 191 x 128),
+and the choice is the shape's alone.
+Complex pivots: cuBLAS ``getrfBatched`` does not pick LAPACK's pivots (its measure is not
+``|re| + |im|``: the probe's 5 went before 3 + 3i, as the modulus or ``max(|re|, |im|)`` would
+have it; 0 of 64 random complex matrices of n = 40 got SciPy's pivots), where cuSOLVER matched
+all 80. So square complex batches of n > 32 that take ``getrfBatched`` (as PyTorch CUDA's do)
+can pivot differently from the CPU: a valid ``A = P L U`` all the same (README, GPU section).
 """
 
 from __future__ import annotations

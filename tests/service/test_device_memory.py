@@ -279,7 +279,8 @@ def test_pinned_staging_without_a_limit_and_with_zero():
 async def test_gpu_pool_limit_refusal_compute_oom_and_recovery(make_client, rng):
     import cupy
 
-    client = await make_client(device="gpu", gpu_memory_bytes=256 << 20, warmup=True)
+    # gpu_host_max_n=0: the warm-up compiles no CPU kernels (cold on a device machine, over a minute).
+    client = await make_client(device="gpu", gpu_memory_bytes=256 << 20, warmup=True, gpu_host_max_n=0)
     device = client.app.state.worker.device
     assert device.kind == "gpu" and device.memory_limit == 256 << 20
     # 200 MB in (under LU_MAX_REQUEST_BYTES' 256 MiB, which answered 413 to 6000 x 6000 on the H100) and
