@@ -245,32 +245,35 @@ def _best(row: dict, keys: tuple[str, ...]) -> str:
     return min((k for k in keys if k in row), key=lambda k: row[k])
 
 
-#: What a larger threshold must save over a smaller one (in ``_cheapest_threshold``'s cost): one case
-#: 10% faster.
+#: How far above the least cost (``_cheapest_threshold``) a threshold still counts as as good: one
+#: case 10% slower.
 THRESHOLD_NOISE = math.log(1.1)
 
 
 def _cheapest_threshold(rows: list[dict], keys: tuple[str, ...], path: str, others: tuple[str, ...]) -> tuple:
-    """The threshold, a value per key, that costs least: rows whose every key is at most its value go to
-    ``path``, the rest to the fastest of ``others``, and the cost is the sum over rows of
-    ``log(chosen / fastest)``: how much slower than the best the table would be, case by case, in
-    proportion. Candidates are 0 (never) and the measured values, smallest first; a larger one is
-    taken only where it saves more than ``THRESHOLD_NOISE`` (one case won by a few per cent is
-    noise, not a crossover); a threshold that would send a row to ``path`` where it was not measured
-    is none."""
-    best: tuple[float, tuple] | None = None
+    """The threshold, a value per key, the measurements support: rows whose every key is at most its
+    value go to ``path``, the rest to the fastest of ``others``; a threshold's cost is the sum over
+    rows of ``log(chosen / fastest)`` (how much slower than the best the table would be, case by case,
+    in proportion). Candidates are 0 (never) and the measured values; one that would send a row to
+    ``path`` where ``path`` was not measured is out. Of those within ``THRESHOLD_NOISE`` of the least
+    cost, the one that sends the fewest rows to ``path`` (then the smallest): one case won by a few
+    per cent is noise, not a crossover."""
+    scored = []
     for candidate in itertools.product(*([0, *sorted({r[k] for r in rows})] for k in keys)):
-        cost = 0.0
+        cost, sent = 0.0, 0
         for r in rows:
             inside = all(r[k] <= v for k, v in zip(keys, candidate, strict=True))
             if inside and path not in r:
-                cost = math.inf
                 break
             fastest = min(r[p] for p in (path, *others) if p in r)
-            cost += math.log((r[path] if inside else min((r[p] for p in others if p in r), default=fastest)) / fastest)
-        if best is None or cost < best[0] - THRESHOLD_NOISE:
-            best = (cost, candidate)
-    return best[1] if best is not None else tuple(0 for _ in keys)
+            chosen = r[path] if inside else min((r[p] for p in others if p in r), default=fastest)
+            cost, sent = cost + math.log(chosen / fastest), sent + inside
+        else:
+            scored.append((cost, sent, candidate))
+    if not scored:
+        return tuple(0 for _ in keys)
+    least = min(cost for cost, _, _ in scored)
+    return min((sent, candidate) for cost, sent, candidate in scored if cost <= least + THRESHOLD_NOISE)[1]
 
 
 def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object]:
@@ -291,7 +294,11 @@ def suggest(factor_rows: list[dict], solve_rows: list[dict]) -> dict[str, object
         if any(_best(r, ("own", "cusolver")) != "own" for r in rect[need]):
             break
         rect_bytes = need
-    (own_factor,) = _cheapest_threshold(square, ("n",), "own", ("getrfBatched", "cusolver"))
+    # Our factorization is measured wherever a warp's shared memory holds the matrix, and the table
+    # gives it no other (``_tuning.own_kernel``): a row without it goes to the libraries whatever
+    # the threshold. Our solve is measured up to n = 32 (its limit): rows beyond rule larger ones out.
+    own_rows = [r for r in square if "own" in r]
+    (own_factor,) = _cheapest_threshold(own_rows, ("n",), "own", ("getrfBatched", "cusolver"))
     (own_solve,) = _cheapest_threshold(solve_rows, ("n",), "own", ("getrsBatched", "trsmBatched"))
     library_solves = [r for r in solve_rows if r["n"] > 32]
     getrs_n, getrs_nrhs = _cheapest_threshold(library_solves, ("n", "nrhs"), "getrsBatched", ("trsmBatched",))

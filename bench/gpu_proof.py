@@ -1,11 +1,11 @@
 """``python -m bench.gpu_proof --out DIR``: everything a GPU claim rests on, in one command.
 
-    make gpu-proof OUT=dir                       # every part (on a device machine: 12.5 min at most)
+    make gpu-proof OUT=dir                       # every part (on a device machine: 12.4 min at most)
     make gpu-proof OUT=dir PARTS="env tests service oom"   # the checks (one device command, ~6 min)
     LU_DEVICE=cpu make gpu-proof OUT=dir         # the rehearsal CI runs: no device needed
 
 A session lent a device has 15 minutes of device time, its start included, so the limits
-below add up to 12.5 minutes, in two commands of at most 10: the checks first
+below add up to 12.4 minutes, in two commands of at most 10: the checks first
 (``PARTS="env tests service oom"``), then the measurements (``PARTS="calibrate core-bench
 batching service-bench"``). The benchmarks stop starting cases when their time is spent
 (cheapest cases first) and report what they left out.
@@ -59,10 +59,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("env", "tests", "service", "oom", "calibrate", "core-bench", "batching", "service-bench")
-# Seconds per part on a device: 12.5 minutes in all, so that a session's 15 minutes of device time
+# Seconds per part on a device: 12.4 minutes in all, so that a session's 15 minutes of device time
 # (the machine's start included) hold the whole proof, in two commands under the 10-minute limit:
 # the checks (env, tests, service, oom: 6 min), then the measurements (calibrate, core-bench,
-# batching, service-bench: 6.5 min; 4 on the H100). Measurements are cut by their own budget before the limit.
+# batching, service-bench: 6.4 min; 4 on the H100). Measurements are cut by their own budget before the limit.
 LIMITS = {
     "env": 20,
     "tests": 210,  # of which TESTS_ELSEWHERE_S for the tests marked gpu outside tests/lu_core/_gpu

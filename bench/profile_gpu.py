@@ -12,10 +12,11 @@ torch; then a cProfile of lu_core's calls, the functions with the most time of t
 (host waits for the device show as ``get`` / ``synchronize`` / ``asnumpy`` / copies there).
 Then the first large solve in a fresh process (``first_call``): on the H100 the service's first
 5792 x 5792 ``/lu_solve`` spent 6.3 s in compute after a warm-up that had reached cuSOLVER
-``getrs`` at n = 64 (2.7 ms the second time). Two fresh processes in turn (the same caches as the
-service) each do what the warm-up does, upload a C-ordered LU as a request's, and time the first
-and second ``lu_solve`` of it, the first under cProfile: a cost the second process pays too is
-per process (a library or module loaded), one it does not is a cache on disk (NVRTC, PTX JIT).
+``getrs`` at n = 64 (2.7 ms the second time). Two fresh processes in turn each do what the warm-up
+does, upload a C-ordered LU as a request's, and time the first and second ``lu_solve`` of it, the
+first under cProfile; they share a new, empty CUDA JIT cache: a cost both pay is per process (a
+library or module loaded), one only the first pays is the driver compiling PTX, one neither pays
+was in CuPy's kernel cache (``FIRST_CALL_READING``).
 Writes ``DIR/profile-gpu-<device>.md``. Without a device it says so and exits 0.
 """
 
@@ -30,6 +31,7 @@ import pathlib
 import pstats
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -57,6 +59,7 @@ TOP = 14
 #: fresh process may take for it (import, warm-up, upload, two solves).
 FIRST_CALL_N = 5792
 FIRST_CALL_TIMEOUT_S = 30
+FIRST_CALL_TOP = 30
 
 
 def _calls(op: str, batch: int, n: int, dtype: str, torch) -> tuple[Callable[[], object], Callable[[], object] | None]:
@@ -141,29 +144,50 @@ def measure(
     return rows, profiles
 
 
-def first_call_child(n: int) -> dict:
-    """In a fresh process: the service's warm-up for the library paths (device arrays, n = 64), then a
-    request's C-ordered ``n x n`` float64 LU uploaded and solved twice; seconds per stage, and a
-    cProfile (by cumulative time) of the first solve."""
+#: The warm-up's shapes that reach the libraries (``service.app.WARMUP_SHAPES`` with n > 32; a test
+#: keeps them equal), for the fresh processes of :func:`first_call`.
+WARMUP_LIBRARY_SHAPES = ((1, 64), (4, 64), (4, 160))
+#: How to read the first-call table (the report says it).
+FIRST_CALL_READING = (
+    "Seconds per stage, each process new, one after the other, sharing a new, empty CUDA JIT cache "
+    "(`CUDA_CACHE_PATH`) and the usual CuPy kernel cache. A first solve slow in both processes: a cost "
+    "per process (a library or module loaded); in the first only: the driver compiling PTX; in neither: "
+    "it was in CuPy's kernel cache already (the proof's service part ran the same solve before)."
+)
+#: How a fresh process's lines on stdout are told from anything else printed there.
+MARK = "FIRST-CALL "
+
+
+def first_call_child(n: int) -> None:
+    """In a fresh process: CUDA's context, then the service's warm-up of the library paths (inputs
+    uploaded from C-ordered host arrays, as a request's are), then a request's C-ordered ``n x n``
+    float64 LU uploaded and solved twice. Prints a line per stage as it ends (``MARK`` + JSON: a
+    stage that hangs still leaves the ones before it), the first solve's cProfile last."""
     t0 = time.perf_counter()
     import cupy
     import numpy as np
 
+    def say(**fields: object) -> None:
+        print(MARK + json.dumps(fields), flush=True)
+
+    say(stage="import s", seconds=time.perf_counter() - t0)
     stream = cupy.cuda.get_current_stream()
-    times: dict[str, float] = {"import s": time.perf_counter() - t0}
 
     def timed(key: str, fn: Callable[[], object]) -> object:
         start = time.perf_counter()
         out = fn()
         stream.synchronize()
-        times[key] = time.perf_counter() - start
+        say(stage=key, seconds=time.perf_counter() - start)
         return out
+
+    timed("context s", lambda: cupy.cuda.Device(0).synchronize())
 
     def warm_up() -> None:
         rng = np.random.default_rng(0)
-        for batch, k in ((1, 64), (4, 64)):  # service.app.WARMUP_SHAPES' library shapes
+        for batch, k in WARMUP_LIBRARY_SHAPES:
             A = cupy.asarray(rng.standard_normal((batch, k, k)) + k * np.eye(k))
             LU, piv = lu_core.lu_factor(A)
+            LU, piv = (cupy.asarray(np.ascontiguousarray(cupy.asnumpy(x))) for x in (LU, piv))  # as a request
             lu_core.lu_solve(LU, piv, cupy.asarray(rng.standard_normal((batch, k, 1))))
 
     timed("warm-up s", warm_up)
@@ -179,26 +203,56 @@ def first_call_child(n: int) -> dict:
     profiler.disable()
     timed("second lu_solve s", lambda: lu_core.lu_solve(LUd, pivd, Bd))
     out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(TOP)
+    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(FIRST_CALL_TOP)
     lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
     start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls")), 0)
-    return {"times": times, "profile": "\n".join(lines[start:])}
+    say(profile="\n".join(lines[start:]))
+
+
+def _child_lines(stdout: str | bytes | None) -> dict:
+    """What a fresh process printed: ``{"times": {stage: seconds}, "profile": text}`` (either may be missing)."""
+    text = stdout.decode(errors="replace") if isinstance(stdout, bytes) else stdout or ""
+    result: dict = {"times": {}}
+    for line in text.splitlines():
+        if not line.startswith(MARK):
+            continue
+        try:
+            fields = json.loads(line[len(MARK) :])
+        except ValueError:
+            continue
+        if "stage" in fields:
+            result["times"][fields["stage"]] = fields["seconds"]
+        elif "profile" in fields:
+            result["profile"] = fields["profile"]
+    return result
+
+
+def child_argv(n: int) -> list[str]:
+    """The command line of one of :func:`first_call`'s fresh processes."""
+    return [sys.executable, "-m", "bench.profile_gpu", "--out", os.devnull, "--first-call-child", str(n)]
 
 
 def first_call(n: int = FIRST_CALL_N, runs: int = 2) -> list[dict]:
-    """``first_call_child`` in ``runs`` fresh processes one after the other (each result, or its error)."""
+    """``first_call_child`` in ``runs`` fresh processes one after the other, sharing a new, empty
+    CUDA JIT cache (``CUDA_CACHE_PATH``) and the usual CuPy kernel cache: a cost every process pays
+    is per process (a library or module loaded); one only the first pays, the driver compiling PTX;
+    one neither pays was in CuPy's kernel cache already (the proof's service part ran the same
+    solve before). Each result: the stages that ended, the profile, and an error if it failed."""
     results = []
-    for _ in range(runs):
-        argv = [sys.executable, "-m", "bench.profile_gpu", "--first-call-child", str(n)]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=FIRST_CALL_TIMEOUT_S, env=os.environ)
-        except subprocess.TimeoutExpired:
-            results.append({"error": f"no answer in {FIRST_CALL_TIMEOUT_S} s"})
-            continue
-        if done.returncode != 0:
-            results.append({"error": f"exit {done.returncode}: {done.stderr.strip()[-600:]}"})
-            continue
-        results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    with tempfile.TemporaryDirectory(prefix="lu-cuda-cache-") as cache:
+        env = {**os.environ, "CUDA_CACHE_PATH": cache}
+        for _ in range(runs):
+            try:
+                done = subprocess.run(
+                    child_argv(n), capture_output=True, text=True, timeout=FIRST_CALL_TIMEOUT_S, env=env, check=False
+                )
+            except subprocess.TimeoutExpired as exc:
+                results.append({**_child_lines(exc.stdout), "error": f"no answer in {FIRST_CALL_TIMEOUT_S} s"})
+                continue
+            result = _child_lines(done.stdout)
+            if done.returncode != 0:
+                result["error"] = f"exit {done.returncode}: {done.stderr.strip()[-400:]}"
+            results.append(result)
     return results
 
 
@@ -221,18 +275,17 @@ def report(device: str, rows: list[dict], profiles: dict[str, str], first: list[
         lines += [f"### {key}", "", "```", text, "```", ""]
     if first:
         title = f"## The first {FIRST_CALL_N} x {FIRST_CALL_N} float64 lu_solve in a fresh process"
-        lines += [title, "", "Each run a new process, one after the other (the service's caches); seconds.", ""]
-        keys = ["import s", "warm-up s", "upload s", "first lu_solve s", "second lu_solve s"]
-        lines += ["| process | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
+        lines += [title, "", FIRST_CALL_READING, ""]
+        keys = ["import s", "context s", "warm-up s", "upload s", "first lu_solve s", "second lu_solve s"]
+        lines += ["| process | " + " | ".join(keys) + " | error |", "|---|" + "---:|" * len(keys) + "---|"]
         for i, r in enumerate(first, 1):
-            if "error" in r:
-                lines.append(f"| {i} | " + " | ".join(["–"] * (len(keys) - 1)) + f" | {r['error']} |")
-            else:
-                lines.append(f"| {i} | " + " | ".join(f"{r['times'][k]:.3f}" for k in keys) + " |")
+            cells = [f"{r['times'][k]:.3f}" if k in r.get("times", {}) else "–" for k in keys]
+            error = " ".join(str(r.get("error", "")).replace("|", "/").split())
+            lines.append(f"| {i} | " + " | ".join(cells) + f" | {error} |")
         for i, r in enumerate(first, 1):
             if "profile" in r:
-                lines += ["", f"### Process {i}: cProfile of the first lu_solve (top {TOP} by cumulative time)", "",
-                          "```", r["profile"], "```"]  # fmt: skip
+                head = f"### Process {i}: cProfile of the first lu_solve (top {FIRST_CALL_TOP} by cumulative time)"
+                lines += ["", head, "", "```", r["profile"], "```"]
         lines.append("")
     return "\n".join(lines)
 
@@ -244,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-call-child", type=int, default=None, help=argparse.SUPPRESS)  # first_call's processes
     args = ap.parse_args(argv)
     if args.first_call_child is not None:
-        print(json.dumps(first_call_child(args.first_call_child)))
+        first_call_child(args.first_call_child)
         return 0
     problem = available()
     if problem is not None:

@@ -17,9 +17,10 @@ and ``RECT_FACTOR_MAX_BYTES`` stand; the solve thresholds are not measured yet.
 The second run (an H100, 2026-11-26, ``bench/results/2026-11-26-gpu-proof-h100/2-measure-calibration.md``)
 measured every path but complex128's solves. Our square factorization won 114 of 120 cases up to
 n = 32 (the 6 losses, by up to 1.26x, all at 32768 matrices of n = 16-32, complex and float32's
-n = 24); at n = 48 it won float32's batches and the largest (4096), and lost the rest to cuBLAS
-``getrfBatched`` by 2-34%. The calibration's rule (least total slowdown) suggests 48, by a margin
-of about 1.5 cases of 10% over 20 cases; ``SMALL_FACTOR_MAX_N`` stays 32: a wash, and square
+n = 24); at n = 48 it won 8 of 20 (float32's five, float64's and complex64's 4096 matrices,
+complex128's 512) and lost the rest to cuBLAS ``getrfBatched`` by 2-34%. The calibration's rule
+(least total slowdown) suggests 48, by a margin of about 1.5 cases of 10% over 20 cases;
+``SMALL_FACTOR_MAX_N`` stays 32: a wash, and square
 n = 33-48 on our kernel has not been through the parity tests on a device. Our solve wins up to
 n = 32 except for large batches with many right-hand sides (8192 problems x 16-64; complex64
 from 512 x 64 and 8192 x 4), where ``trsmBatched`` is 1.1-3.8x faster; kept, so that a solve's
@@ -31,8 +32,8 @@ to 191 KiB: a single matrix loses 2x-7x to cuSOLVER there (2.3 against 0.35 ms a
 and the choice is the shape's alone.
 Complex pivots: cuBLAS ``getrfBatched`` does not pick LAPACK's pivots (its measure is not
 ``|re| + |im|``: the probe's 5 went before 3 + 3i, as the modulus or ``max(|re|, |im|)`` would
-have it; 0 of 64 random complex matrices of n = 40 got SciPy's pivots), where cuSOLVER matched
-all 80. So square complex batches of n > 32 that take ``getrfBatched`` (as PyTorch CUDA's do)
+have it; 0 of 80 random complex matrices per dtype, n = 40 and 96, got SciPy's pivots), where
+cuSOLVER matched all 80. So square complex batches of n > 32 that take ``getrfBatched`` (as PyTorch CUDA's do)
 can pivot differently from the CPU: a valid ``A = P L U`` all the same (README, GPU section).
 """
 

@@ -87,9 +87,16 @@ def test_a_threshold_is_the_cheapest_over_every_case_not_the_largest_win():
     few = [solve(n, r, 0.8 if n <= 128 and r <= 2 else 1.2) for n in (48, 64, 128, 256) for r in (1, 2, 4, 16, 64)]
     s = calibrate_gpu.suggest([], few)
     assert s["GETRS_BATCHED_MAX_N"] == 128 and s["GETRS_BATCHED_MAX_NRHS"] == 2
-    # A path never measured at an n is never sent there: our kernel stops at the last n it ran.
-    unmeasured = {k: v for k, v in factor("float64", 64, 0.0).items() if k != "own"}
-    assert calibrate_gpu.suggest([factor("float64", 16, 0.5), unmeasured], [])["SMALL_FACTOR_MAX_N"] == 16
+    # Our solve is not measured past n = 32 (its limit): a larger threshold would send it there.
+    own_solve = [solve(8, 1, 1.0) | {"own": 0.5}, solve(48, 1, 1.0), solve(48, 4, 1.0) | {"own": 0.1}]
+    assert calibrate_gpu.suggest([], own_solve)["SMALL_SOLVE_MAX_N"] == 8
+    # Our factorization is not measured where shared memory cannot hold the matrix (complex128 at 64):
+    # the table never gives it those, so they do not hold back a threshold it wins by far.
+    big = {k: v for k, v in factor("complex128", 64, 0.0).items() if k != "own"}
+    assert (
+        calibrate_gpu.suggest([factor("float64", 16, 0.5), factor("float64", 64, 0.1), big], [])["SMALL_FACTOR_MAX_N"]
+        == 64
+    )
 
 
 @pytest.mark.gpu
@@ -137,13 +144,47 @@ def test_the_profile_report_puts_ours_beside_torch():
 def test_the_profile_report_shows_the_first_large_solve_of_each_fresh_process():
     from bench import profile_gpu
 
-    times = {"import s": 1.5, "warm-up s": 0.25, "upload s": 0.125, "first lu_solve s": 6.3, "second lu_solve s": 0.003}
-    first = [{"times": times, "profile": "ncalls  cumtime\n  1  6.300  getrs"}, {"error": "no answer in 30 s"}]
+    times = {"import s": 1.5, "context s": 0.5, "warm-up s": 0.25, "upload s": 0.125, "first lu_solve s": 6.3,
+             "second lu_solve s": 0.003}  # fmt: skip
+    first = [
+        {"times": times, "profile": "ncalls  cumtime\n  1  6.300  getrs"},
+        {"times": {"import s": 1.25}, "error": "no answer in 30 s | one\nmore line"},
+    ]
     text = profile_gpu.report("Test GPU", [], {}, first)
-    assert "| 1 | 1.500 | 0.250 | 0.125 | 6.300 | 0.003 |" in text
-    assert "| 2 | – | – | – | – | no answer in 30 s |" in text
+    assert "| 1 | 1.500 | 0.500 | 0.250 | 0.125 | 6.300 | 0.003 |  |" in text
+    assert "| 2 | 1.250 | – | – | – | – | – | no answer in 30 s / one more line |" in text  # one table row
     assert "### Process 1: cProfile of the first lu_solve" in text and "6.300  getrs" in text
     assert "Process 2: cProfile" not in text and "fresh process" not in profile_gpu.report("Test GPU", [], {})
+
+
+def test_a_fresh_process_reports_each_stage_as_it_ends():
+    from bench import profile_gpu
+
+    out = "\n".join(
+        [
+            "a warning someone printed",
+            profile_gpu.MARK + '{"stage": "import s", "seconds": 1.5}',
+            profile_gpu.MARK + "{not json",
+            profile_gpu.MARK + '{"profile": "ncalls"}',
+        ]
+    )
+    assert profile_gpu._child_lines(out) == {"times": {"import s": 1.5}, "profile": "ncalls"}
+    assert profile_gpu._child_lines(None) == {"times": {}}
+    assert profile_gpu._child_lines(out.encode())["times"] == {"import s": 1.5}  # a timeout's stdout: bytes
+
+
+def test_the_fresh_processes_command_line_is_accepted_and_warms_up_like_the_service():
+    """The argv first_call gives its processes parses (a missing --out once stopped them at exit 2);
+    without a device the process fails on CUDA, after its first stage. Its warm-up shapes are the
+    service's library shapes."""
+    from bench import gpu_proof, profile_gpu
+    from service import app
+
+    done = subprocess.run(profile_gpu.child_argv(8), capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 2 and "required" not in done.stderr, done.stderr
+    assert profile_gpu._child_lines(done.stdout)["times"].keys() >= {"import s"}
+    assert set(profile_gpu.WARMUP_LIBRARY_SHAPES) == {s for s in app.WARMUP_SHAPES if s[1] > 32}
+    assert gpu_proof.FIRST_CALL_S >= 2 * profile_gpu.FIRST_CALL_TIMEOUT_S
 
 
 @pytest.mark.parametrize("dtype", ["complex64", "complex128"])
