@@ -336,7 +336,7 @@ def _bare_copy_seconds(up: int, down: int) -> float:
 
 def _transfer_budget(http: Any, op: str) -> str:
     """Issue 20's target: upload + compute + download within 1.3x of a bare pinned copy of the same bytes."""
-    from bench.service import binary_body
+    from bench.service import binary_body, streamed
 
     n = 5792  # LU of 5792^2 float64: 256 MiB
     rng = np.random.default_rng(5)
@@ -359,7 +359,7 @@ def _transfer_budget(http: Any, op: str) -> str:
                 time.sleep(0.05)
         before = _device_seconds(http, op)
         t0 = time.perf_counter()
-        r = http.post(f"/{op}", content=body, headers=headers)
+        r = http.post(f"/{op}", **streamed(body, headers))
         wall = time.perf_counter() - t0
         r.raise_for_status()
         after = _device_seconds(http, op)
@@ -431,6 +431,7 @@ def out_of_memory(p: Proof) -> Outcome:
 
     from bench.gpu_proof import Outcome
     from bench.service import binary_body as binary_request
+    from bench.service import streamed
 
     cap = 1 << 30
     server = Server(
@@ -463,7 +464,7 @@ def out_of_memory(p: Proof) -> Outcome:
             A = np.ones((1, n, n))
             body, headers = binary_request({"A": A, "B": np.ones((1, n, 1))})
             del A
-            r = http.post("/solve", content=body, headers=headers)
+            r = http.post("/solve", **streamed(body, headers))
             if r.status_code != 503 or r.json().get("code") != "device_out_of_memory" or "retry-after" not in r.headers:
                 raise AssertionError(f"{r.status_code} {r.text[:200]}")
             used = in_use()
@@ -480,7 +481,7 @@ def out_of_memory(p: Proof) -> Outcome:
             n = 8300
             A = _system(rng, (1, n, n), np.float64)
             body, headers = binary_request({"A": A, "B": np.ones((1, n, 1))})
-            r = http.post("/solve", content=body, headers=headers)
+            r = http.post("/solve", **streamed(body, headers))
             small_works()
             if r.status_code == 200:
                 return "not triggered: the solve fitted in the cap (informational)"

@@ -67,7 +67,8 @@ def uploads(url: str, pid: int, levels: list[int], n: int, progress: Callable[[s
 
         def one(statuses: Counter[str] = statuses, lock: threading.Lock = lock) -> None:
             try:
-                status = str(httpx.post(f"{url}/lu_solve", content=body, headers=headers, timeout=600).status_code)
+                r = httpx.post(f"{url}/lu_solve", **service_bench.streamed(body, headers), timeout=600)
+                status = str(r.status_code)
             except httpx.HTTPError as exc:
                 status = type(exc).__name__
             with lock:

@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -66,6 +67,17 @@ def binary_body(tensors: dict[str, np.ndarray], parameters: dict | None = None) 
     header = orjson.dumps({"inputs": inputs, "parameters": parameters or {}})
     body = b"".join([header, *(np.ascontiguousarray(v).tobytes() for v in tensors.values())])
     return body, {"content-type": "application/octet-stream", "inference-header-content-length": str(len(header))}
+
+
+def streamed(body: bytes, headers: dict[str, str], size: int = 1 << 20) -> dict[str, Any]:
+    """httpx keyword arguments that send ``body`` in ``size``-byte views, with its Content-Length (else
+    httpx would send it chunked, and the service reads a chunked body through another path). Given
+    one ``bytes``, httpx's sync client re-slices (copies) what is left after every partial send,
+    quadratic in the size: 4.7 s for 256 MiB on loopback, 0.07 s in 1 MiB views (lu_client sends its
+    bodies the same way)."""
+    view = memoryview(body)
+    chunks = (view[i : i + size] for i in range(0, len(view), size))
+    return {"content": chunks, "headers": {**headers, "content-length": str(len(view))}}
 
 
 def json_body(tensors: dict[str, np.ndarray]) -> bytes:
