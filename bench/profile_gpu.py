@@ -14,9 +14,8 @@ Then the first large solve in a fresh process (``first_call``): on the H100 the 
 5792 x 5792 ``/lu_solve`` spent 6.3 s in compute after a warm-up that had reached cuSOLVER
 ``getrs`` at n = 64 (2.7 ms the second time). Two fresh processes in turn each do what the warm-up
 does, upload a C-ordered LU as a request's, and time the first and second ``lu_solve`` of it, the
-first under cProfile; they share a new, empty CUDA JIT cache: a cost both pay is per process (a
-library or module loaded), one only the first pays is the driver compiling PTX, one neither pays
-was in CuPy's kernel cache (``FIRST_CALL_READING``).
+first under cProfile; they share a new, empty CUDA JIT cache. How to read which of them pays what:
+``FIRST_CALL_READING``.
 Writes ``DIR/profile-gpu-<device>.md``. Without a device it says so and exits 0.
 """
 
@@ -151,8 +150,10 @@ WARMUP_LIBRARY_SHAPES = ((1, 64), (4, 64), (4, 160))
 FIRST_CALL_READING = (
     "Seconds per stage, each process new, one after the other, sharing a new, empty CUDA JIT cache "
     "(`CUDA_CACHE_PATH`) and the usual CuPy kernel cache. A first solve slow in both processes: a cost "
-    "per process (a library or module loaded); in the first only: the driver compiling PTX; in neither: "
-    "it was in CuPy's kernel cache already (the proof's service part ran the same solve before)."
+    "per process (a library or module loaded); in the first only: something compiled and cached on disk "
+    "(CuPy's NVRTC into its kernel cache, more likely than the driver's PTX JIT: the cProfile shows which); "
+    "in neither: cached already (the proof's service part ran the same solve before) or a cost of the "
+    "service's own path (its streams, pinned staging), which these processes do not take."
 )
 #: How a fresh process's lines on stdout are told from anything else printed there.
 MARK = "FIRST-CALL "
@@ -171,6 +172,9 @@ def first_call_child(n: int) -> None:
         print(MARK + json.dumps(fields), flush=True)
 
     say(stage="import s", seconds=time.perf_counter() - t0)
+    start = time.perf_counter()
+    cupy.cuda.Device(0).synchronize()  # the first CUDA call: the driver and the context start here
+    say(stage="context s", seconds=time.perf_counter() - start)
     stream = cupy.cuda.get_current_stream()
 
     def timed(key: str, fn: Callable[[], object]) -> object:
@@ -179,8 +183,6 @@ def first_call_child(n: int) -> None:
         stream.synchronize()
         say(stage=key, seconds=time.perf_counter() - start)
         return out
-
-    timed("context s", lambda: cupy.cuda.Device(0).synchronize())
 
     def warm_up() -> None:
         rng = np.random.default_rng(0)
@@ -227,6 +229,17 @@ def _child_lines(stdout: str | bytes | None) -> dict:
     return result
 
 
+def _order(text: str) -> int:
+    """``--first-call-child``'s matrix order: a positive integer."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a matrix order is at least 1, not {n}")
+    return n
+
+
 def child_argv(n: int) -> list[str]:
     """The command line of one of :func:`first_call`'s fresh processes."""
     return [sys.executable, "-m", "bench.profile_gpu", "--out", os.devnull, "--first-call-child", str(n)]
@@ -234,10 +247,9 @@ def child_argv(n: int) -> list[str]:
 
 def first_call(n: int = FIRST_CALL_N, runs: int = 2) -> list[dict]:
     """``first_call_child`` in ``runs`` fresh processes one after the other, sharing a new, empty
-    CUDA JIT cache (``CUDA_CACHE_PATH``) and the usual CuPy kernel cache: a cost every process pays
-    is per process (a library or module loaded); one only the first pays, the driver compiling PTX;
-    one neither pays was in CuPy's kernel cache already (the proof's service part ran the same
-    solve before). Each result: the stages that ended, the profile, and an error if it failed."""
+    CUDA JIT cache (``CUDA_CACHE_PATH``) and the usual CuPy kernel cache (``FIRST_CALL_READING``).
+    Each result, also on stderr as it comes (a parent stopped from outside keeps them in the log):
+    the stages that ended, the profile, and an error if it failed."""
     results = []
     with tempfile.TemporaryDirectory(prefix="lu-cuda-cache-") as cache:
         env = {**os.environ, "CUDA_CACHE_PATH": cache}
@@ -253,6 +265,7 @@ def first_call(n: int = FIRST_CALL_N, runs: int = 2) -> list[dict]:
             if done.returncode != 0:
                 result["error"] = f"exit {done.returncode}: {done.stderr.strip()[-400:]}"
             results.append(result)
+            print(f"first {n} lu_solve, fresh process {len(results)}: {result}", file=sys.stderr, flush=True)
     return results
 
 
@@ -294,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.profile_gpu", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="folder for the report")
     ap.add_argument("--seconds", type=seconds_budget, default=None, help="start no case after this many seconds")
-    ap.add_argument("--first-call-child", type=int, default=None, help=argparse.SUPPRESS)  # first_call's processes
+    ap.add_argument("--first-call-child", type=_order, default=None, help=argparse.SUPPRESS)  # first_call's processes
     args = ap.parse_args(argv)
     if args.first_call_child is not None:
         first_call_child(args.first_call_child)
@@ -313,7 +326,6 @@ def main(argv: list[str] | None = None) -> int:
 
     rows, profiles = measure(args.seconds, lambda msg: print(msg, file=sys.stderr, flush=True), write)
     first = first_call()
-    print(f"first {FIRST_CALL_N} lu_solve in fresh processes: {[r.get('times', r) for r in first]}", file=sys.stderr)
     path.write_text(report(device, rows, profiles, first))
     print(f"report: {path}")
     return 0

@@ -75,9 +75,9 @@ def streamed(body: bytes, headers: dict[str, str], size: int = 1 << 20) -> dict[
     one ``bytes``, httpx's sync client re-slices (copies) what is left after every partial send,
     quadratic in the size: 4.7 s for 256 MiB on loopback, 0.07 s in 1 MiB views (lu_client sends its
     bodies the same way)."""
-    view = memoryview(body)
-    chunks = (view[i : i + size] for i in range(0, len(view), size))
-    return {"content": chunks, "headers": {**headers, "content-length": str(len(view))}}
+    view = memoryview(body).cast("B")  # bytes, whatever the buffer's item size
+    chunks = (view[i : i + size] for i in range(0, view.nbytes, size))
+    return {"content": chunks, "headers": {**headers, "content-length": str(view.nbytes)}}
 
 
 def json_body(tensors: dict[str, np.ndarray]) -> bytes:

@@ -102,3 +102,5 @@ def test_a_streamed_body_goes_in_views_of_at_most_a_mebibyte_with_its_length():
     chunks = list(kwargs["content"])
     assert b"".join(chunks) == body and max(len(c) for c in chunks) == 1 << 20 and len(chunks) == 3
     assert kwargs["headers"] == {"content-type": "application/octet-stream", "content-length": str(len(body))}
+    empty = streamed(b"", {})
+    assert list(empty["content"]) == [] and empty["headers"] == {"content-length": "0"}

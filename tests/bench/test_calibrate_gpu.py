@@ -187,6 +187,15 @@ def test_the_fresh_processes_command_line_is_accepted_and_warms_up_like_the_serv
     assert gpu_proof.FIRST_CALL_S >= 2 * profile_gpu.FIRST_CALL_TIMEOUT_S
 
 
+@pytest.mark.parametrize(("order", "said"), [("0", "at least 1"), ("-5", "at least 1"), ("x8", "not an integer")])
+def test_a_fresh_process_refuses_a_matrix_order_that_is_not_positive(order, said):
+    from bench import profile_gpu
+
+    argv = [*profile_gpu.child_argv(8)[:-1], order]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and said in done.stderr and profile_gpu.MARK not in done.stdout
+
+
 @pytest.mark.parametrize("dtype", ["complex64", "complex128"])
 def test_the_pivot_probe_tells_lapacks_measure_from_the_modulus(dtype):
     """The matrix the calibration factors on the device to name cuBLAS getrfBatched's complex pivot
