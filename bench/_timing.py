@@ -111,7 +111,8 @@ def machine() -> dict[str, str]:
     try:
         import torch
 
-        facts["torch"] = f"{torch.__version__} ({torch.get_num_threads()} threads)"
+        blas = "MKL" if torch.backends.mkl.is_available() else "its own BLAS"
+        facts["torch"] = f"{torch.__version__} ({torch.get_num_threads()} threads, LAPACK from {blas})"
     except ImportError:
         facts["torch"] = "not installed"
     try:
@@ -120,8 +121,27 @@ def machine() -> dict[str, str]:
         facts["jax"] = f"{jax.__version__} (XLA CPU: {jax.device_count()} device, intra-op threads on every core)"
     except ImportError:
         facts["jax"] = "not installed"
+    facts["blas (SciPy, NumPy: lu_core's LAPACK)"] = _blas()
     facts["lu_core threads"] = (
         f"Numba {numba.get_num_threads()} ({numba.config.THREADING_LAYER} layer), "
         f"LAPACK per-matrix pool {len(os.sched_getaffinity(0))}"
     )
     return facts
+
+
+def _blas() -> str:
+    """The BLAS libraries loaded so far, with the kernel set each picked (OpenBLAS on AVX-512 Intel
+    and on AMD choose different kernels: a report says which ran)."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:  # pragma: no cover - lu_core's CPU backend depends on it
+        return "unknown (no threadpoolctl)"
+    libs = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    return (
+        "; ".join(
+            f"{i.get('internal_api')} {i.get('version')} ({i.get('architecture') or 'architecture unknown'}, "
+            f"{i.get('num_threads')} threads)"
+            for i in libs
+        )
+        or "none loaded"
+    )

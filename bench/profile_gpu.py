@@ -106,8 +106,13 @@ def _profile(fn: Callable[[], object]) -> str:
         fn()
         stream.synchronize()
     profiler.disable()
+    return _table(profiler, "tottime", TOP)
+
+
+def _table(profiler: cProfile.Profile, key: str, top: int) -> str:
+    """The profile's ``top`` rows by ``key``, from the column heads on (pstats' preamble dropped)."""
     out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(TOP)
+    pstats.Stats(profiler, stream=out).sort_stats(key).print_stats(top)
     lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
     start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls")), 0)
     return "\n".join(lines[start:])
@@ -204,11 +209,7 @@ def first_call_child(n: int) -> None:
     timed("first lu_solve s", lambda: lu_core.lu_solve(LUd, pivd, Bd))
     profiler.disable()
     timed("second lu_solve s", lambda: lu_core.lu_solve(LUd, pivd, Bd))
-    out = io.StringIO()
-    pstats.Stats(profiler, stream=out).sort_stats("cumulative").print_stats(FIRST_CALL_TOP)
-    lines = [ln for ln in out.getvalue().splitlines() if ln.strip()]
-    start = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("ncalls")), 0)
-    say(profile="\n".join(lines[start:]))
+    say(profile=_table(profiler, "cumulative", FIRST_CALL_TOP))
 
 
 def _child_lines(stdout: str | bytes | None) -> dict:

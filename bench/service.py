@@ -401,6 +401,9 @@ def receive_cost(urls: dict[str, str], copier: CopyServer, reps: int, progress: 
 BARE = "bare ASGI app"
 BARE_COLUMNS = ["server", "clients", "rounds", "req/s", "/ bare", "/ inline", "p50 ms", "p99 ms", "non-200"]
 INLINE = "bare app computing inline"
+#: The same service computing on the CPU, beside a GPU service: issue 20's goal is the GPU service's
+#: 8x8 rate at 16 clients at least this one's, on the same host in the same run.
+ON_CPU = "service, LU_DEVICE=cpu"
 
 
 def small_vs_bare(urls: dict[str, str], clients: int, seconds: float, rounds: int, progress) -> list[dict]:
@@ -685,6 +688,14 @@ def report(
             "no admission, request ids, metrics, worker thread or buffer pool: what a request's own work, in",
             "Python on the event loop, leaves of the bare app's rate on this machine; `service / inline` is what",
             "the service's own layers leave of that. (It computes on the CPU, whatever the service's device.)",
+            *(
+                [
+                    f"`{ON_CPU}`: the same service on the CPU of the same host (a GPU service's goal: at least",
+                    "its req/s).",
+                ]
+                if any(r["server"] == ON_CPU for r in bare_rows)
+                else []
+            ),
             "",
             table(bare_rows, BARE_COLUMNS),
             "",
@@ -738,7 +749,9 @@ def _receive_part(url: str, copier: CopyServer, quick: bool, progress: Callable[
             proc.wait(60)
 
 
-def _bare_part(url: str, quick: bool, progress: Callable[[str], None]) -> list[dict]:
+def _bare_part(url: str, device: str, quick: bool, progress: Callable[[str], None]) -> list[dict]:
+    """The service against the bare app, the app computing inline and, where the service runs on a GPU,
+    the same service on the CPU (``ON_CPU``), alternating round by round."""
     answer = len(httpx.post(f"{url}/solve", content=binary_body(_small_solve())[0],
                             headers=binary_body(_small_solve())[1]).content)  # fmt: skip
     started: list[tuple[subprocess.Popen, str]] = []
@@ -746,6 +759,9 @@ def _bare_part(url: str, quick: bool, progress: Callable[[str], None]) -> list[d
         started.append(start_server(module="bench._bare_asgi", LU_BARE_ANSWER_BYTES=str(answer)))
         started.append(start_server(module="bench._bare_asgi", LU_BARE_COMPUTE="1"))
         urls = {"service": url, BARE: started[0][1], INLINE: started[1][1]}
+        if device != "cpu":
+            started.append(start_server(LU_DEVICE="cpu"))
+            urls[ON_CPU] = started[-1][1]
         return small_vs_bare(urls, 16, 1.0 if quick else 3.0, 1 if quick else 3, progress)
     finally:
         for proc, _ in started:
@@ -765,7 +781,7 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None], parts: t
         receive_rows = _receive_part(url, copier, quick, progress) if "transport" in parts else []
         transport_rows = transport(url, sizes, copier, progress) if "transport" in parts else []
         conc_rows = concurrency(url, levels, 1.0 if quick else 5.0, progress) if "concurrency" in parts else []
-        bare_rows = _bare_part(url, quick, progress) if "concurrency" in parts else []
+        bare_rows = _bare_part(url, device, quick, progress) if "concurrency" in parts else []
         stored_sizes = [64, 128] if quick else [2048, 4096]
         stored_rows = stored_factorizations(url, stored_sizes, progress) if "stored" in parts else []
         grpc_rows = (

@@ -104,3 +104,25 @@ def test_a_streamed_body_goes_in_views_of_at_most_a_mebibyte_with_its_length():
     assert kwargs["headers"] == {"content-type": "application/octet-stream", "content-length": str(len(body))}
     empty = streamed(b"", {})
     assert list(empty["content"]) == [] and empty["headers"] == {"content-length": "0"}
+
+
+@pytest.mark.slow
+def test_a_gpu_service_is_measured_beside_the_same_service_on_the_cpu():
+    """Issue 20's goal (8x8 /solve at 16 clients: the GPU service at least the CPU service's rate on the same
+    host) needs both in one run: where the service's device is not the CPU, the bare-app comparison adds the
+    service started with LU_DEVICE=cpu. Driven here with a CPU service standing in for the GPU one."""
+    from bench import service as bench_service
+
+    proc, url = bench_service.start_server(LU_DEVICE="cpu")
+    try:
+        rows = bench_service._bare_part(url, "gpu", True, lambda m: None)
+        alone = bench_service._bare_part(url, "cpu", True, lambda m: None)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    servers = {r["server"]: r for r in rows}
+    assert set(servers) == {"service", bench_service.BARE, bench_service.INLINE, bench_service.ON_CPU}
+    assert servers[bench_service.ON_CPU]["non-200"] == 0 and servers[bench_service.ON_CPU]["req/s"] > 0
+    assert bench_service.ON_CPU not in {r["server"] for r in alone}
+    text = bench_service.report([], [], [], [], "gpu", [], rows)
+    assert f"| {bench_service.ON_CPU} | 16 |" in text and "the same service on the CPU of the same host" in text

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import lu_core
+from bench.service import streamed
 from tests.service.wire import binary_request, parse_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,7 +123,7 @@ def test_json_and_binary_round_trips(server, rng):
 def test_oversized_body_is_refused_on_a_real_socket(server):
     big = b"0" * (300 << 20)  # over the default 256 MiB
     try:
-        r = httpx.post(f"{server.url}/solve", content=big, headers=AUTH, timeout=60)
+        r = httpx.post(f"{server.url}/solve", **streamed(big, AUTH), timeout=60)
     except httpx.TransportError:
         return  # refused and closed before the upload ended: also a refusal
     assert r.status_code == 413 and r.json()["code"] == "request_too_large"

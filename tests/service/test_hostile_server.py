@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
+from bench.service import streamed
 from tests.service.test_e2e import Server, serving
 from tests.service.wire import binary_request
 
@@ -258,7 +259,7 @@ def test_concurrent_large_uploads_stay_within_the_budget(memory_server):
     B = rng.standard_normal((n, 1))
     body, headers = binary_request({"A": A, "B": B})
     assert (
-        httpx.post(f"{memory_server.url}/solve", content=body, headers=headers, timeout=300).status_code == 200
+        httpx.post(f"{memory_server.url}/solve", **streamed(body, headers), timeout=300).status_code == 200
     )  # compiles
     base = rss_now_kib(memory_server.proc.pid)
     reset_rss_peak(memory_server.proc.pid)
@@ -266,7 +267,7 @@ def test_concurrent_large_uploads_stay_within_the_budget(memory_server):
 
     def upload() -> None:
         for _ in range(3):
-            r = httpx.post(f"{memory_server.url}/solve", content=body, headers=headers, timeout=120)
+            r = httpx.post(f"{memory_server.url}/solve", **streamed(body, headers), timeout=120)
             results.append(r.status_code)
 
     threads = [threading.Thread(target=upload) for _ in range(16)]
