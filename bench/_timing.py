@@ -111,7 +111,7 @@ def machine() -> dict[str, str]:
     try:
         import torch
 
-        blas = "MKL" if torch.backends.mkl.is_available() else "its own BLAS"
+        blas = "MKL" if torch.backends.mkl.is_available() else "not MKL"
         facts["torch"] = f"{torch.__version__} ({torch.get_num_threads()} threads, LAPACK from {blas})"
     except ImportError:
         facts["torch"] = "not installed"
@@ -121,7 +121,7 @@ def machine() -> dict[str, str]:
         facts["jax"] = f"{jax.__version__} (XLA CPU: {jax.device_count()} device, intra-op threads on every core)"
     except ImportError:
         facts["jax"] = "not installed"
-    facts["blas (SciPy, NumPy: lu_core's LAPACK)"] = _blas()
+    facts["BLAS libraries loaded (SciPy's is lu_core's LAPACK)"] = _blas()
     facts["lu_core threads"] = (
         f"Numba {numba.get_num_threads()} ({numba.config.THREADING_LAYER} layer), "
         f"LAPACK per-matrix pool {len(os.sched_getaffinity(0))}"

@@ -35,7 +35,7 @@ import numpy as np
 
 from bench._report import device_slug, save_text
 from bench._timing import machine
-from bench.service import _concurrency, start_server, table
+from bench.service import _concurrency, start_server, stop_servers, table
 
 _WANTED = ("lu_batch_size_sum", "lu_batch_size_count", "lu_worker_busy_seconds_total", "lu_worker_cpu_seconds_total")
 DELAYS = (100, 300, 1000)
@@ -202,9 +202,7 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None], proof: b
                     delay_rows.append(row | _case(server, 8, clients, seconds))
                     progress(f"{delay_rows[-1]}")
     finally:
-        for proc, _ in [*servers.values(), *delayed.values()]:
-            proc.terminate()
-            proc.wait(60)
+        stop_servers([*servers.values(), *delayed.values()])
     alone_part = _section(
         "The worker alone (in-process, no HTTP)",
         [

@@ -130,8 +130,7 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None]) -> Path 
         budget_peak = _metric(url, "lu_inflight_peak_bytes")
         lat = slow_clients_latency(url, 20 if quick else 200, 50 if quick else 300, progress)
     finally:
-        proc.terminate()
-        proc.wait(60)
+        service_bench.stop_servers([(proc, url)])
     facts = machine()
     text = "\n".join(
         [

@@ -93,12 +93,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(defaults: bool = False, module: str = "service", **settings: str) -> tuple[subprocess.Popen, str]:
-    """The service as its own process; ``defaults``: no limit raised (else room for the biggest cases).
-
-    ``module="bench._bare_asgi"`` starts the bare-ASGI baseline under the same server settings.
-    """
-    port = free_port()
+def server_env(port: int, defaults: bool, settings: dict[str, str]) -> dict[str, str]:
+    """The environment of a server started by :func:`start_server`: this process's, ``LU_DEVICE`` as
+    asked here (else ``auto``), then ``settings`` over everything (``LU_DEVICE="cpu"`` wins)."""
     # gRPC stays off unless asked for (LU_GRPC_PORT), so that suites never contend for port 8001.
     env = {**os.environ, "LU_PORT": str(port), "LU_DEVICE": os.environ.get("LU_DEVICE", "auto")}
     env |= {"LU_GRPC_PORT": "0", **settings}
@@ -106,7 +103,28 @@ def start_server(defaults: bool = False, module: str = "service", **settings: st
     if not defaults:
         env |= {"LU_MAX_REQUEST_BYTES": str(2 << 30), "LU_MAX_ELEMENTS": str(1 << 28)}
         env |= {"LU_MAX_JSON_BYTES": str(2 << 30), "LU_STORE_BYTES": str(1 << 30)}
-    proc = subprocess.Popen([sys.executable, "-m", module], cwd=ROOT, env=env)
+    return env
+
+
+def stop_servers(started: list[tuple[subprocess.Popen, str]]) -> None:
+    """Terminate every server, then wait for each; one that outlives its grace period is killed."""
+    for proc, _ in started:
+        proc.terminate()
+    for proc, _ in started:
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def start_server(defaults: bool = False, module: str = "service", **settings: str) -> tuple[subprocess.Popen, str]:
+    """The service as its own process; ``defaults``: no limit raised (else room for the biggest cases).
+
+    ``module="bench._bare_asgi"`` starts the bare-ASGI baseline under the same server settings.
+    """
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", module], cwd=ROOT, env=server_env(port, defaults, settings))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -691,7 +709,8 @@ def report(
             *(
                 [
                     f"`{ON_CPU}`: the same service on the CPU of the same host (a GPU service's goal: at least",
-                    "its req/s).",
+                    "its req/s). Both compute an 8x8 system on the host CPU unless `LU_GPU_HOST_MAX_N=0`",
+                    "(default 32): the comparison is of the two services' paths, not of GPU against CPU compute.",
                 ]
                 if any(r["server"] == ON_CPU for r in bare_rows)
                 else []
@@ -744,16 +763,14 @@ def _receive_part(url: str, copier: CopyServer, quick: bool, progress: Callable[
         urls = {"service": url, **{name: u for name, (_, u) in zip(RECEIVE_VARIANTS, extra, strict=True)}}
         return receive_cost(urls, copier, 3 if quick else 9, progress)
     finally:
-        for proc, _ in extra:
-            proc.terminate()
-            proc.wait(60)
+        stop_servers(extra)
 
 
 def _bare_part(url: str, device: str, quick: bool, progress: Callable[[str], None]) -> list[dict]:
     """The service against the bare app, the app computing inline and, where the service runs on a GPU,
     the same service on the CPU (``ON_CPU``), alternating round by round."""
-    answer = len(httpx.post(f"{url}/solve", content=binary_body(_small_solve())[0],
-                            headers=binary_body(_small_solve())[1]).content)  # fmt: skip
+    body, headers = binary_body(_small_solve())
+    answer = len(httpx.post(f"{url}/solve", content=body, headers=headers).content)
     started: list[tuple[subprocess.Popen, str]] = []
     try:
         started.append(start_server(module="bench._bare_asgi", LU_BARE_ANSWER_BYTES=str(answer)))
@@ -762,11 +779,12 @@ def _bare_part(url: str, device: str, quick: bool, progress: Callable[[str], Non
         if device != "cpu":
             started.append(start_server(LU_DEVICE="cpu"))
             urls[ON_CPU] = started[-1][1]
+            kind = httpx.get(f"{urls[ON_CPU]}/readyz").json()["device"]["kind"]
+            if kind != "cpu":
+                raise RuntimeError(f"the service started with LU_DEVICE=cpu computes on {kind!r}")
         return small_vs_bare(urls, 16, 1.0 if quick else 3.0, 1 if quick else 3, progress)
     finally:
-        for proc, _ in started:
-            proc.terminate()
-            proc.wait(60)
+        stop_servers(started)
 
 
 def run(quick: bool, out: Path | None, progress: Callable[[str], None], parts: tuple[str, ...] = PARTS) -> Path | None:
@@ -790,8 +808,7 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None], parts: t
             else []
         )
     finally:
-        proc.terminate()
-        proc.wait(60)
+        stop_servers([(proc, url)])
     text = report(transport_rows, conc_rows, stored_rows, grpc_rows, device, receive_rows, bare_rows)
     print(text)
     if out is None:

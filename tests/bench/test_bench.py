@@ -126,3 +126,17 @@ def test_a_gpu_service_is_measured_beside_the_same_service_on_the_cpu():
     assert bench_service.ON_CPU not in {r["server"] for r in alone}
     text = bench_service.report([], [], [], [], "gpu", [], rows)
     assert f"| {bench_service.ON_CPU} | 16 |" in text and "the same service on the CPU of the same host" in text
+
+
+def test_a_server_asked_for_the_cpu_gets_it_whatever_the_environment_says(monkeypatch):
+    """On the device the proof runs with LU_DEVICE=gpu in its environment: the comparison's CPU service must
+    still start on the CPU (``_bare_part`` also checks its /readyz), and the others inherit the device."""
+    from bench.service import server_env
+
+    monkeypatch.setenv("LU_DEVICE", "gpu")
+    assert server_env(1, False, {"LU_DEVICE": "cpu"})["LU_DEVICE"] == "cpu"
+    assert server_env(1, False, {})["LU_DEVICE"] == "gpu"
+    monkeypatch.delenv("LU_DEVICE")
+    monkeypatch.delenv("LU_MAX_REQUEST_BYTES", raising=False)
+    env = server_env(8000, True, {})
+    assert env["LU_DEVICE"] == "auto" and env["LU_PORT"] == "8000" and "LU_MAX_REQUEST_BYTES" not in env
