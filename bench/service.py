@@ -777,7 +777,9 @@ def _bare_part(url: str, device: str, quick: bool, progress: Callable[[str], Non
         started.append(start_server(module="bench._bare_asgi", LU_BARE_COMPUTE="1"))
         urls = {"service": url, BARE: started[0][1], INLINE: started[1][1]}
         if device != "cpu":
-            started.append(start_server(LU_DEVICE="cpu"))
+            # No warm-up (on a fresh device machine it compiles every CPU kernel: 69 s on the H100's host);
+            # small_vs_bare's warm round compiles the one solve it times, or finds it in Numba's cache.
+            started.append(start_server(LU_DEVICE="cpu", LU_WARMUP="false"))
             urls[ON_CPU] = started[-1][1]
             kind = httpx.get(f"{urls[ON_CPU]}/readyz").json()["device"]["kind"]
             if kind != "cpu":
