@@ -28,7 +28,7 @@ def _set(factor: int, solve: int, work: int, unpack: int) -> None:
     _tuning.SOLVE_KERNEL_MAX_N = solve
     _tuning.SOLVE_KERNEL_MAX_WORK = work
     _tuning.SOLVE_KERNEL_ALWAYS_N = min(solve, 16)
-    _tuning.SOLVE_KERNEL_REAL_MAX_N = solve
+    _tuning.SOLVE_KERNEL_REAL_MAX_N = _tuning.SOLVE_KERNEL_FLOAT32_MAX_N = solve
     _tuning.SOLVE_KERNEL_REAL_MAX_WORK = work
     _tuning.UNPACK_FUSED_MAX_N = unpack
 
@@ -131,10 +131,11 @@ def _factor_dtypes(rng: np.random.Generator) -> None:
 def _many_rhs(rng: np.random.Generator) -> None:
     """Kernel / LAPACK solve time for real dtypes with many right-hand sides (one system): where
     ``_tuning.SOLVE_KERNEL_REAL_MAX_N`` and ``SOLVE_KERNEL_REAL_MAX_WORK`` go."""
-    saved = (_tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK)
+    saved = (_tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_FLOAT32_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK)
 
     def with_real(n_max: int, work: int, fn):
-        _tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK = n_max, work
+        _tuning.SOLVE_KERNEL_REAL_MAX_N = _tuning.SOLVE_KERNEL_FLOAT32_MAX_N = n_max
+        _tuning.SOLVE_KERNEL_REAL_MAX_WORK = work
         return fn()
 
     counts = (8, 64, 256, 1024, 4096)
@@ -159,7 +160,7 @@ def _many_rhs(rng: np.random.Generator) -> None:
                     ratios.append(t["k"].median / t["l"].median)
                 print(f"| {np.dtype(dtype).name} | {n} | " + " | ".join(f"{r:.2f}" for r in ratios) + " |", flush=True)
     finally:
-        _tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK = saved
+        _tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_FLOAT32_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK = saved
     print("\nKernel / LAPACK time for one system: below 1 the kernel is faster.", file=sys.stderr)
 
 
@@ -170,7 +171,8 @@ def main() -> int:
         _tuning.SOLVE_KERNEL_MAX_WORK,
         _tuning.UNPACK_FUSED_MAX_N,
     )
-    always, real = _tuning.SOLVE_KERNEL_ALWAYS_N, (_tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK)
+    always = _tuning.SOLVE_KERNEL_ALWAYS_N
+    real = (_tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_FLOAT32_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK)
     rng = np.random.default_rng(0)
     print("| n | batch | factor kernel/LAPACK | solve nrhs=1 kernel/LAPACK | solve nrhs=n kernel/LAPACK |")
     print("|---:|---:|---:|---:|---:|")
@@ -181,7 +183,7 @@ def main() -> int:
     finally:
         _set(*saved)
         _tuning.SOLVE_KERNEL_ALWAYS_N = always
-        _tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK = real
+        _tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_FLOAT32_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK = real
     print("\nBelow 1: the batched kernel is faster at that size.", file=sys.stderr)
     _factor_dtypes(rng)
     _many_rhs(rng)

@@ -70,6 +70,7 @@ def cpu_path(kind: str) -> Iterator[None]:
         "SOLVE_KERNEL_MAX_WORK",
         "SOLVE_KERNEL_ALWAYS_N",
         "SOLVE_KERNEL_REAL_MAX_N",
+        "SOLVE_KERNEL_FLOAT32_MAX_N",
         "SOLVE_KERNEL_REAL_MAX_WORK",
     )
     saved = {name: getattr(_tuning, name) for name in names}

@@ -59,6 +59,14 @@ SOLVE_KERNEL_ALWAYS_N = 16
 #: Complex128 with 64 right-hand sides: 1.3x at n = 32, 2.4x at 128 (LAPACK kept).
 SOLVE_KERNEL_REAL_MAX_N = 96
 
+#: ... float32 up to this ``n`` instead (the same work bound). On a 2-vCPU Intel Xeon with
+#: AVX-512 (2026-11-26, ``bench.calibrate_cpu`` and a finer sweep, two rounds, kernel / LAPACK):
+#: float32 at n = 112 and 128 0.53-1.03 over batch 1 and 100 and 16 to 512 right-hand sides
+#: (mostly 0.6-0.9), float64 0.63-1.23 at batch 1 but 0.96-1.49 at batch 100 (kept at 96). In the
+#: core grid's harness, 64 right-hand sides at n = 128, float32: 1x128 0.26-0.32 -> 0.16-0.17 ms,
+#: 100x128 11.1-11.4 -> 9.2-9.3 ms. (AMD EPYC, 2026-11-25, both dtypes: 0.69-1.11 at 128.)
+SOLVE_KERNEL_FLOAT32_MAX_N = 128
+
 #: ... while ``n * nrhs`` stays at or below this: with thousands of right-hand sides
 #: LAPACK's BLAS-3 ``trsm`` catches up (batch 1, float64: 0.63-0.88 at n = 96 with 512
 #: and 1024, 1.0-1.13 from 2048; n = 64: 0.71-0.82 to 2048, 0.91-0.93 beyond; float32

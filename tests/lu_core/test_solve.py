@@ -222,3 +222,34 @@ def test_singular_factorization_solves_to_nonfinite_without_raising(dtype, n):
         lu_core.solve(A, rhs[:, 0], check_errors=False),
     ):
         assert not np.isfinite(X).all()
+
+
+def test_which_real_systems_the_solve_kernel_takes():
+    """The kernel/LAPACK split of real solves (``_tuning``): float32 to n = 128, float64 to 96, complex
+    only to the small limits, each under the same work bound; by size and dtype alone, never the batch."""
+    from lu_core._cpu import _tuning
+    from lu_core._cpu.backend import _solve_by_kernel
+
+    f32, f64, c64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64)
+    assert _tuning.SOLVE_KERNEL_FLOAT32_MAX_N == 128 and _tuning.SOLVE_KERNEL_REAL_MAX_N == 96
+    assert _solve_by_kernel(128, 64, f32) and not _solve_by_kernel(129, 64, f32)
+    assert _solve_by_kernel(96, 64, f64) and not _solve_by_kernel(97, 64, f64) and not _solve_by_kernel(128, 64, f64)
+    assert not _solve_by_kernel(128, 64, c64)  # complex64's items are 8 bytes too: excluded by kind, not size
+    work = _tuning.SOLVE_KERNEL_REAL_MAX_WORK
+    assert _solve_by_kernel(128, work // 128, f32) and not _solve_by_kernel(128, work // 128 + 1, f32)
+
+
+@pytest.mark.parametrize("left", [True, False])
+def test_float32_at_the_kernels_new_limit_matches_lapack_and_is_batch_invariant(rng, left):
+    """n = 128 float32 with 64 right-hand sides now runs the kernel: the same solution as LAPACK's
+    (to float32 rounding) and, alone or in a batch, the same bits."""
+    n = 128
+    A = well_conditioned(rng, (3, n, n), np.float32)
+    B = rng.standard_normal((3, n, 64) if left else (3, 64, n)).astype(np.float32)
+    LU, piv = lu_core.lu_factor(A)
+    X = lu_core.lu_solve(LU, piv, B, left=left)
+    with cpu_path("lapack"):
+        X_lapack = lu_core.lu_solve(LU, piv, B, left=left)
+    assert_close(X, X_lapack, np.float32, n)
+    alone = [lu_core.lu_solve(LU[i], piv[i], B[i], left=left) for i in range(3)]
+    assert all(np.array_equal(X[i], alone[i]) for i in range(3))
