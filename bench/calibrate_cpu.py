@@ -130,7 +130,9 @@ def _factor_dtypes(rng: np.random.Generator) -> None:
 
 def _many_rhs(rng: np.random.Generator) -> None:
     """Kernel / LAPACK solve time for real dtypes with many right-hand sides (one system): where
-    ``_tuning.SOLVE_KERNEL_REAL_MAX_N`` and ``SOLVE_KERNEL_REAL_MAX_WORK`` go."""
+    ``_tuning.SOLVE_KERNEL_REAL_MAX_N`` (float64), ``SOLVE_KERNEL_FLOAT32_MAX_N`` and
+    ``SOLVE_KERNEL_REAL_MAX_WORK`` go (batch 1 only: the float32 limit also rests on batch 100,
+    measured by a one-off sweep, ``_tuning``'s docstring)."""
     saved = (_tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_FLOAT32_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK)
 
     def with_real(n_max: int, work: int, fn):

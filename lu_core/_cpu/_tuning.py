@@ -18,7 +18,9 @@ update loops were made vectorizable:
 A single matrix (batch 1, serial kernel against one LAPACK call) gives the
 same picture: the kernel wins to n = 96 (0.6x) and loses from 128 (1.4x).
 
-Re-run the calibration on new hardware and update these numbers.
+Re-run the calibration on new hardware and update these numbers. (That table is the first
+calibration, before the kernels' loops vectorized; the limits below were re-measured since,
+each with its numbers.)
 """
 
 from __future__ import annotations

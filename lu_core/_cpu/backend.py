@@ -105,7 +105,7 @@ def _solve_by_kernel(n: int, nrhs: int, dtype: np.dtype) -> bool:
         or (n <= _tuning.SOLVE_KERNEL_MAX_N and n * nrhs <= _tuning.SOLVE_KERNEL_MAX_WORK)
         or (
             dtype.kind != "c"
-            and n <= (_tuning.SOLVE_KERNEL_FLOAT32_MAX_N if dtype.itemsize == 4 else _tuning.SOLVE_KERNEL_REAL_MAX_N)
+            and n <= (_tuning.SOLVE_KERNEL_FLOAT32_MAX_N if dtype == np.float32 else _tuning.SOLVE_KERNEL_REAL_MAX_N)
             and n * nrhs <= _tuning.SOLVE_KERNEL_REAL_MAX_WORK
         )
     )

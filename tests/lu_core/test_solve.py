@@ -234,7 +234,8 @@ def test_which_real_systems_the_solve_kernel_takes():
     assert _tuning.SOLVE_KERNEL_FLOAT32_MAX_N == 128 and _tuning.SOLVE_KERNEL_REAL_MAX_N == 96
     assert _solve_by_kernel(128, 64, f32) and not _solve_by_kernel(129, 64, f32)
     assert _solve_by_kernel(96, 64, f64) and not _solve_by_kernel(97, 64, f64) and not _solve_by_kernel(128, 64, f64)
-    assert not _solve_by_kernel(128, 64, c64)  # complex64's items are 8 bytes too: excluded by kind, not size
+    c128 = np.dtype(np.complex128)
+    assert not _solve_by_kernel(64, 64, c64) and not _solve_by_kernel(64, 64, c128)  # complex: the small limits only
     work = _tuning.SOLVE_KERNEL_REAL_MAX_WORK
     assert _solve_by_kernel(128, work // 128, f32) and not _solve_by_kernel(128, work // 128 + 1, f32)
 
@@ -251,5 +252,7 @@ def test_float32_at_the_kernels_new_limit_matches_lapack_and_is_batch_invariant(
     with cpu_path("lapack"):
         X_lapack = lu_core.lu_solve(LU, piv, B, left=left)
     assert_close(X, X_lapack, np.float32, n)
+    with cpu_path("kernel"):
+        assert np.array_equal(X, lu_core.lu_solve(LU, piv, B, left=left))  # it was the kernel's answer
     alone = [lu_core.lu_solve(LU[i], piv[i], B[i], left=left) for i in range(3)]
     assert all(np.array_equal(X[i], alone[i]) for i in range(3))
