@@ -118,8 +118,7 @@ def test_a_gpu_service_is_measured_beside_the_same_service_on_the_cpu():
         rows = bench_service._bare_part(url, "gpu", True, lambda m: None)
         alone = bench_service._bare_part(url, "cpu", True, lambda m: None)
     finally:
-        proc.terminate()
-        proc.wait(60)
+        bench_service.stop_servers([(proc, url)])
     servers = {r["server"]: r for r in rows}
     assert set(servers) == {"service", bench_service.BARE, bench_service.INLINE, bench_service.ON_CPU}
     assert servers[bench_service.ON_CPU]["non-200"] == 0 and servers[bench_service.ON_CPU]["req/s"] > 0
