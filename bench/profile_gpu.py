@@ -149,8 +149,8 @@ def measure(
 
 
 #: The warm-up's shapes that reach the libraries (``service.app.WARMUP_SHAPES`` with n > 32; a test
-#: keeps them equal), for the fresh processes of :func:`first_call`.
-WARMUP_LIBRARY_SHAPES = ((1, 64), (4, 64), (4, 160))
+#: keeps them equal), for the fresh processes of :func:`first_call` (batch None: one matrix, 2-D).
+WARMUP_LIBRARY_SHAPES = ((1, 64), (4, 64), (4, 160), (None, 64))
 #: How to read the first-call table (the report says it).
 FIRST_CALL_READING = (
     "Seconds per stage, each process new, one after the other, sharing a new, empty CUDA JIT cache "
@@ -192,10 +192,11 @@ def first_call_child(n: int) -> None:
     def warm_up() -> None:
         rng = np.random.default_rng(0)
         for batch, k in WARMUP_LIBRARY_SHAPES:
-            A = cupy.asarray(rng.standard_normal((batch, k, k)) + k * np.eye(k))
+            shape = (k, k) if batch is None else (batch, k, k)  # service.app.warmup_shape
+            A = cupy.asarray(rng.standard_normal(shape) + k * np.eye(k))
             LU, piv = lu_core.lu_factor(A)
             LU, piv = (cupy.asarray(np.ascontiguousarray(cupy.asnumpy(x))) for x in (LU, piv))  # as a request
-            lu_core.lu_solve(LU, piv, cupy.asarray(rng.standard_normal((batch, k, 1))))
+            lu_core.lu_solve(LU, piv, cupy.asarray(rng.standard_normal((*shape[:-1], 1))))
 
     timed("warm-up s", warm_up)
     rng = np.random.default_rng(1)

@@ -13,6 +13,7 @@ import faulthandler
 import gc
 import io
 import logging
+import signal
 import socket
 import sys
 import threading
@@ -50,10 +51,12 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # A crash in native code (BLAS, Numba, CUDA) prints every thread's Python stack to stderr
-    # (where stderr is a file: not when main() runs inside a test that captures it).
+    # A crash in native code (BLAS, Numba, CUDA) prints every thread's Python stack to stderr, and
+    # so does SIGUSR1 without stopping anything (what is a slow request doing?) (where stderr is a
+    # file: not when main() runs inside a test that captures it).
     with contextlib.suppress(io.UnsupportedOperation, AttributeError, ValueError):
         faulthandler.enable()
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
     args = build_parser().parse_args(argv)
     try:
         settings = Settings(**overrides(args))

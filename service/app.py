@@ -46,22 +46,32 @@ WARMUP_DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
 # getrfBatched / trsmBatched (lu_core/_gpu/_tuning.py's factor_path and solve_path; getrsBatched
 # where GETRS_BATCHED_MAX_N reaches n = 64: not since the H100's calibration; the test
 # test_the_warm_up_reaches_every_gpu_routine checks that every routine the table can choose is
-# reached), whose libraries load on first use. (The first 5792 x 5792 solve still paid 6.3 s on the
-# H100 after this warm-up, 4.4 s on the H200 before it: something a large solve loads that n = 64
-# does not; bench/profile_gpu.py's first-call section is to find it.)
-WARMUP_SHAPES = ((10, 4), (16384, 4), (2, 24), (1024, 24), (1, 64), (4, 64), (4, 160))
+# reached), whose libraries load on first use. Batch ``None``: one matrix without a batch dimension,
+# the commonest request. CuPy compiles its elementwise and reduction kernels (the singular check's
+# comparison, any and argmax over diag(U), the casts) once per number of dimensions, so after a
+# warm-up of batched shapes only, the first unbatched request compiled its own: on a fresh H100 the
+# first 5792 x 5792 ``/lu_solve`` spent 5.8-6.3 s in compute, the library alone 3 ms once its CuPy
+# kernels were cached (the likely cause, not yet confirmed on a device: the GPU proof dumps the
+# server's stacks if that first request still takes seconds).
+WARMUP_SHAPES = ((10, 4), (16384, 4), (2, 24), (1024, 24), (1, 64), (4, 64), (4, 160), (None, 8), (None, 64))
 
 
-def _as_body(x: Any, frozen: bool) -> Any:
-    """``x`` as a request would bring it: read-only over bytes (binary) when ``frozen``, else as is
-    (on a GPU the outputs are device arrays and stay as they are)."""
-    if not frozen or not isinstance(x, np.ndarray):
+def warmup_shape(batch: int | None, n: int) -> tuple[int, ...]:
+    """The shape of an ``n x n`` warm-up matrix: ``(n, n)`` for batch ``None``, else ``(batch, n, n)``."""
+    return (n, n) if batch is None else (batch, n, n)
+
+
+def _as_body(x: Any) -> Any:
+    """``x`` as a binary request would bring it: read-only over bytes (on a GPU the outputs are device
+    arrays and stay as they are)."""
+    if not isinstance(x, np.ndarray):
         return x
     return np.frombuffer(np.ascontiguousarray(x).tobytes(), dtype=x.dtype).reshape(x.shape)
 
 
-def warm_up(device: Device) -> float:
-    """Run every operation per dtype and kernel path (JIT-compiles the CPU kernels, loads the GPU modules).
+def warm_up(device: Device, max_n: int | None = None) -> float:
+    """Run every operation per dtype and kernel path (JIT-compiles the CPU kernels, loads the GPU modules);
+    ``max_n``: only the shapes up to that order (what a GPU service computes on the host).
 
     On a GPU service the small shapes are computed on the host (``LU_GPU_HOST_MAX_N``): they run once
     as routed (the CPU kernels) and once more on the device (our own kernels, which stored
@@ -69,29 +79,36 @@ def warm_up(device: Device) -> float:
     start = time.perf_counter()
     rng = np.random.default_rng(0)
 
-    def shapes(max_n: int | None = None) -> None:
-        for dtype in WARMUP_DTYPES:
-            for (batch, n), frozen in itertools.product(WARMUP_SHAPES, (False, True)):
-                if max_n is not None and n > max_n:
-                    continue
-                # A binary request's tensors are read-only views of its body, a JSON request's writable
-                # arrays; Numba compiles each kernel for each, so the warm-up passes both.
-                A = _as_body((rng.standard_normal((batch, n, n)) + n * np.eye(n)).astype(dtype), frozen)
-                B = _as_body(rng.standard_normal((batch, n, 1)).astype(dtype), frozen)
-                factored = device.run(OPERATIONS["lu_factor"].compute, {"A": A}, {"pivot": True})
-                lu, piv = _as_body(factored["LU"], frozen), _as_body(factored["pivots"], frozen)
-                unpack_opts = dict(OPERATIONS["lu_unpack"].options)
-                device.run(OPERATIONS["lu_unpack"].compute, {"LU": lu, "pivots": piv}, unpack_opts)
-                solve_opts = dict(OPERATIONS["lu_solve"].options)
-                device.run(OPERATIONS["lu_solve"].compute, {"LU": lu, "pivots": piv, "B": B}, solve_opts)
-                device.run(OPERATIONS["solve"].compute, {"A": A, "B": B}, dict(OPERATIONS["solve"].options))
+    def run(name: str, tensors: dict[str, Any]) -> dict[str, Any]:
+        return device.run(OPERATIONS[name].compute, tensors, OPERATIONS[name].defaults())
 
-    shapes()
+    def shapes(max_n: int | None = None) -> None:
+        for dtype, (batch, n) in itertools.product(WARMUP_DTYPES, WARMUP_SHAPES):
+            if max_n is not None and n > max_n:
+                continue
+            # As a binary request brings them: read-only views of its body (the device hands every
+            # request's tensors to the kernels read-only: service.device.read_only).
+            A = _as_body((rng.standard_normal(warmup_shape(batch, n)) + n * np.eye(n)).astype(dtype))
+            B = _as_body(rng.standard_normal((*warmup_shape(batch, n)[:-1], 1)).astype(dtype))
+            factored = run("lu_factor", {"A": A})
+            lu, piv = _as_body(factored["LU"]), _as_body(factored["pivots"])
+            run("lu_unpack", {"LU": lu, "pivots": piv})
+            run("lu_solve", {"LU": lu, "pivots": piv, "B": B})
+            run("solve", {"A": A, "B": B})
+            run("lu", {"A": A})  # it unpacks its own (writable) factorization: other builds of the unpacking
+            # solve_refined's own CPU kernels (the fused refinement up to n = 32, the cast and the
+            # residual above; lu_rcond, slogdet and det reuse the factorization's). A GPU service
+            # refines every size on the device (never on the host), where it has not yet run behind
+            # a warm-up: not there.
+            if device.kind == "cpu":
+                run("solve_refined", {"A": A, "B": B})
+
+    shapes(max_n)
     host_max_n = getattr(device, "host_max_n", 0)
     if host_max_n:
         device.host_max_n = 0  # type: ignore[attr-defined]  # the worker runs nothing else meanwhile
         try:
-            shapes(host_max_n)
+            shapes(host_max_n if max_n is None else min(host_max_n, max_n))
         finally:
             device.host_max_n = host_max_n  # type: ignore[attr-defined]
     return time.perf_counter() - start

@@ -281,23 +281,29 @@ def _in_a_fresh_process(code: str) -> str:
 def test_the_warm_up_compiles_both_twins_of_every_cpu_factor_kernel():
     """In a fresh process (so nothing compiled them before): after the warm-up, the serial and parallel
     twins of both factorization kernels (SIMD lanes and one matrix at a time) exist for every dtype
-    they take, for writable inputs (JSON requests) and read-only ones (a binary request's tensors are
-    views of its body), so no request compiles one (2-3 s each; the image's readiness check allows 10)."""
+    they take, for read-only inputs only (the device hands every request's tensors to the kernels
+    read-only: a binary request's are views of its body, the others are made so), so no request
+    compiles one (2-3 s each; the image's readiness check allows 10) and none is compiled twice."""
     stdout = _in_a_fresh_process(
         "for name, twin, dtypes in (('lanes', _lanes.getrf, 'fd'), ('one by one', _kernels.getrf, 'fdFD')):\n"
         "    for kind in ('serial', 'parallel'):\n"
         "        got = {(str(sig[0].dtype), sig[0].mutable) for sig in getattr(twin, kind).signatures}\n"
-        "        want = {(str(np.dtype(c)), w) for c in dtypes for w in (True, False)}\n"
-        "        print(name, kind, 'ok' if want <= got else f'missing {sorted(want - got)}')\n"
+        "        want = {(str(np.dtype(c)), False) for c in dtypes}\n"
+        "        print(name, kind, 'ok' if want == got else f'want {sorted(want)}, got {sorted(got)}')\n"
     )
     lines = stdout.strip().splitlines()
     assert len(lines) == 4 and all(line.endswith(" ok") for line in lines), stdout
 
 
-def test_a_binary_request_after_the_warm_up_compiles_nothing():
-    """The first binary (read-only) request of each operation, in a fresh process after the warm-up,
-    adds no compiled signature to any CPU kernel."""
+@pytest.mark.parametrize("body", ["binary", "json"])
+def test_a_request_after_the_warm_up_compiles_nothing(body):
+    """The first request of every operation, in a fresh process after the warm-up, adds no compiled
+    signature to any CPU kernel: a binary request's tensors (read-only views of its body) and a JSON
+    request's (writable arrays, made read-only views by the device). Before, a first ``solve_refined``
+    compiled its refinement kernels at request time (the warm-up did not run it), and the warm-up
+    compiled every kernel twice, once per writability."""
     stdout = _in_a_fresh_process(
+        f"frozen = {body == 'binary'}\n"
         "def count():\n"
         "    n = 0\n"
         "    for mod in (_kernels, _lanes, _refine_kernels):\n"
@@ -306,17 +312,24 @@ def test_a_binary_request_after_the_warm_up_compiles_nothing():
         "                if isinstance(d, numba.core.dispatcher.Dispatcher):\n"
         "                    n += len(d.signatures)\n"
         "    return n\n"
+        "def req(x):\n"
+        "    return _as_body(x) if frozen else np.array(x, order='C')  # as JSON decodes: C order, writable\n"
         "before = count()\n"
         "rng = np.random.default_rng(1)\n"
         "for dt in (np.float32, np.float64, np.complex64, np.complex128):\n"
-        "    for batch, n in ((10, 4), (3, 8), (500, 8), (2, 24)):\n"
-        "        A = _as_body((rng.standard_normal((batch, n, n)) + n * np.eye(n)).astype(dt), True)\n"
-        "        B = _as_body(rng.standard_normal((batch, n, 2)).astype(dt), True)\n"
+        "    for batch, n in ((10, 4), (3, 8), (500, 8), (2, 24), (2, 40), (None, 8), (None, 40)):\n"
+        "        shape = (n, n) if batch is None else (batch, n, n)\n"
+        "        A = req((rng.standard_normal(shape) + n * np.eye(n)).astype(dt))\n"
+        "        B = req(rng.standard_normal((*shape[:-1], 2)).astype(dt))\n"
         "        f = device.run(OPERATIONS['lu_factor'].compute, {'A': A}, {'pivot': True})\n"
-        "        lu, piv = _as_body(f['LU'], True), _as_body(f['pivots'], True)\n"
-        "        device.run(OPERATIONS['lu_unpack'].compute, {'LU': lu, 'pivots': piv}, dict(OPERATIONS['lu_unpack'].options))\n"
-        "        device.run(OPERATIONS['lu_solve'].compute, {'LU': lu, 'pivots': piv, 'B': B}, dict(OPERATIONS['lu_solve'].options))\n"
-        "        device.run(OPERATIONS['solve'].compute, {'A': A, 'B': B}, dict(OPERATIONS['solve'].options))\n"
+        "        lu, piv = req(f['LU']), req(f['pivots'])\n"
+        "        for name, ins in (('lu_unpack', {'LU': lu, 'pivots': piv}), ('lu_solve', {'LU': lu, 'pivots': piv, 'B': B}),\n"
+        "                          ('solve', {'A': A, 'B': B}), ('solve_refined', {'A': A, 'B': B}), ('lu', {'A': A}),\n"
+        "                          ('slogdet', {'A': A}), ('det', {'A': A})):\n"
+        "            device.run(OPERATIONS[name].compute, ins, OPERATIONS[name].defaults())\n"
+        "        anorm = req(np.abs(A).sum(axis=-2).max(axis=-1))\n"
+        "        for norm in ('1', 'inf'):\n"
+        "            device.run(OPERATIONS['lu_rcond'].compute, {'LU': lu, 'pivots': piv, 'anorm': anorm}, {'norm': norm})\n"
         "print('new signatures', count() - before)\n"
     )
     assert stdout.strip().endswith("new signatures 0"), stdout
@@ -329,8 +342,8 @@ def test_the_warm_up_reaches_every_gpu_routine(dtype):
     from lu_core._gpu import _tuning
 
     dt = np.dtype(dtype)
-    factor = {_tuning.factor_path(n, n, batch, dt) for batch, n in app_module.WARMUP_SHAPES}
-    solve = {_tuning.solve_path(n, batch, 1) for batch, n in app_module.WARMUP_SHAPES}
+    factor = {_tuning.factor_path(n, n, batch or 1, dt) for batch, n in app_module.WARMUP_SHAPES}
+    solve = {_tuning.solve_path(n, batch or 1, 1) for batch, n in app_module.WARMUP_SHAPES}
     assert factor == {"own", "getrfBatched", "getrf"}
     # getrsBatched where the table lets the dispatch choose it (not since the H100's calibration)
     chosen = _tuning.GETRS_BATCHED_MAX_N > _tuning.SMALL_SOLVE_MAX_N and _tuning.GETRS_BATCHED_MAX_NRHS >= 1
@@ -344,19 +357,34 @@ def test_on_a_gpu_the_warm_up_runs_small_shapes_on_the_host_and_on_the_device():
     from service.device import host_sized, operation_name
 
     class Recording:
+        kind = "gpu"
         host_max_n = 32
 
         def __init__(self) -> None:
-            self.seen: list[tuple[int, bool]] = []
+            self.seen: list[tuple[str, int, bool]] = []
+            self.unbatched: set[tuple[str, bool]] = set()  # (operation, on the host) of 2-D requests
 
         def run(self, compute, tensors, options):
-            matrix = tensors.get("A", tensors.get("LU"))
-            self.seen.append((matrix.shape[-1], host_sized(operation_name(compute), tensors, self.host_max_n)))
-            return app_module.OPERATIONS[operation_name(compute)].compute(tensors, options)
+            name, matrix = operation_name(compute), tensors.get("A", tensors.get("LU"))
+            on_host = host_sized(name, tensors, self.host_max_n)
+            self.seen.append((name, matrix.shape[-1], on_host))
+            if matrix.ndim == 2:
+                self.unbatched.add((name, on_host))
+            return app_module.OPERATIONS[name].compute(tensors, options)
 
     device = Recording()
     app_module.warm_up(device)
     small = {n for _, n in app_module.WARMUP_SHAPES if n <= 32}
-    assert {n for n, on_host in device.seen if on_host} == small
-    assert {n for n, on_host in device.seen if not on_host} == {n for _, n in app_module.WARMUP_SHAPES}
+    assert {n for _, n, on_host in device.seen if on_host} == small
+    assert {n for _, n, on_host in device.seen if not on_host} == {n for _, n in app_module.WARMUP_SHAPES}
     assert device.host_max_n == 32
+    # Every operation with kernels of its own; not solve_refined, which a GPU service never computes on
+    # the host (a CPU service's warm-up runs it: test_a_request_after_the_warm_up_compiles_nothing).
+    assert {name for name, _, _ in device.seen} == {"lu_factor", "lu_unpack", "lu_solve", "solve", "lu"}
+    # Unbatched (2-D) requests of every operation reach the device too: CuPy compiles its kernels per
+    # number of dimensions (the first unbatched 5792² solve after a batched-only warm-up: 5.8 s).
+    assert {name for name, on_host in device.unbatched if not on_host} == {name for name, _, _ in device.seen}
+    # max_n: only the shapes up to it (what the GPU proof's kernels part compiles, the host's share).
+    device.seen.clear()
+    app_module.warm_up(device, max_n=4)
+    assert {n for _, n, _ in device.seen} == {4} and device.host_max_n == 32
