@@ -156,7 +156,8 @@ def read_only(tensors: Mapping[str, Any]) -> dict[str, Any]:
     are read-only already (views of its body); a JSON request's, a merged batch's and a stored
     factorization's are made so here, on their way to the computation (which never writes its
     inputs: a binary request would fail if it did), so that one build of each kernel serves every
-    request and the warm-up compiles half as many (cold, on a 2-vCPU Intel Xeon: 106 s, not 174)."""
+    request and the warm-up compiles half as many (cold, on a 2-vCPU Intel Xeon, for the same four
+    operations: 106 s, not 174)."""
     out = dict(tensors)
     for k, v in out.items():
         if isinstance(v, np.ndarray) and v.flags.writeable:
