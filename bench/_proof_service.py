@@ -257,7 +257,7 @@ def end_to_end(p: Proof) -> Outcome:
     finally:
         t0 = time.perf_counter()
         code = server.stop()
-        # The tail (stack dumps of a slow first request included), not the warm-up's readiness polls.
+        # The tail: 3000 lines hold a whole run's log (about 150 lines) and a slow first request's stack dumps.
         p.append("service.log", "\n--- server log ---\n" + "".join(server.lines[-3000:]))
         p.checks.append(f"service SIGTERM: exit {code} after {time.perf_counter() - t0:.1f} s")
     if checks.failed:

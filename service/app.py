@@ -62,22 +62,24 @@ def warmup_shape(batch: int | None, n: int) -> tuple[int, ...]:
 
 
 def _as_body(x: Any) -> Any:
-    """``x`` as a binary request would bring it: read-only over bytes (on a GPU the outputs are device
-    arrays and stay as they are)."""
+    """``x`` as a binary request would bring it: read-only over bytes (anything but a host array, as it is)."""
     if not isinstance(x, np.ndarray):
         return x
     return np.frombuffer(np.ascontiguousarray(x).tobytes(), dtype=x.dtype).reshape(x.shape)
 
 
-def warm_up(device: Device, max_n: int | None = None) -> float:
+def warm_up(device: Device, max_n: int | None = None, *, refined: bool | None = None) -> float:
     """Run every operation per dtype and kernel path (JIT-compiles the CPU kernels, loads the GPU modules);
-    ``max_n``: only the shapes up to that order (what a GPU service computes on the host).
+    ``max_n``: only the shapes up to that order; ``refined``: run ``solve_refined`` too (default: on a
+    CPU device, the only one that refines on the host).
 
     On a GPU service the small shapes are computed on the host (``LU_GPU_HOST_MAX_N``): they run once
     as routed (the CPU kernels) and once more on the device (our own kernels, which stored
     factorizations, rectangular and refined requests still reach)."""
     start = time.perf_counter()
     rng = np.random.default_rng(0)
+    if refined is None:
+        refined = device.kind == "cpu"
 
     def run(name: str, tensors: dict[str, Any]) -> dict[str, Any]:
         return device.run(OPERATIONS[name].compute, tensors, OPERATIONS[name].defaults())
@@ -94,13 +96,19 @@ def warm_up(device: Device, max_n: int | None = None) -> float:
             lu, piv = _as_body(factored["LU"]), _as_body(factored["pivots"])
             run("lu_unpack", {"LU": lu, "pivots": piv})
             run("lu_solve", {"LU": lu, "pivots": piv, "B": B})
+            if dtype == WARMUP_DTYPES[0]:
+                # Pivots sent as a JSON list decode to int64 (service.codec), LAPACK's and ours are int32:
+                # the pivot check has a build per pivot dtype (and none per matrix dtype).
+                piv64 = _as_body(np.asarray(factored["pivots"]).astype(np.int64))
+                run("lu_unpack", {"LU": lu, "pivots": piv64})
+                run("lu_solve", {"LU": lu, "pivots": piv64, "B": B})
             run("solve", {"A": A, "B": B})
             run("lu", {"A": A})  # it unpacks its own (writable) factorization: other builds of the unpacking
             # solve_refined's own CPU kernels (the fused refinement up to n = 32, the cast and the
             # residual above; lu_rcond, slogdet and det reuse the factorization's). A GPU service
             # refines every size on the device (never on the host), where it has not yet run behind
             # a warm-up: not there.
-            if device.kind == "cpu":
+            if refined:
                 run("solve_refined", {"A": A, "B": B})
 
     shapes(max_n)

@@ -58,6 +58,7 @@ __all__ = [
     "Launched",
     "Resident",
     "gpu_problem",
+    "read_only",
     "select_device",
 ]
 

@@ -25,7 +25,7 @@ from starlette.responses import Response
 from service.auth import require_api_key
 from service.codec import Decoded
 from service.config import Settings
-from service.device import Compute, Device, Resident
+from service.device import Compute, Device, Resident, read_only
 from service.errors import invalid
 from service.metrics import Metrics
 from service.middleware import reservation_of
@@ -156,7 +156,10 @@ def _factor_kept() -> Compute:
 
     def run(t: Mapping[str, Any], o: Mapping[str, bool]) -> dict[str, Any]:
         out = FACTOR.compute(t, o)
-        return {"factors": Resident((out["LU"], out["pivots"])), "info": out["info"]}
+        # Kept read-only (host arrays, on a CPU service): nothing may write a stored factorization, and
+        # its solves then use the kernels' one (read-only) build, as every request's tensors do.
+        kept = read_only({"LU": out["LU"], "pivots": out["pivots"]})
+        return {"factors": Resident((kept["LU"], kept["pivots"])), "info": out["info"]}
 
     return run
 

@@ -44,14 +44,18 @@ def test_rehearsal_limits_are_longer_than_the_device_budget(tmp_path):
     assert cpu.limit("tests") == 4 * gpu.limit("tests")
     # Two device commands of at most 10 minutes each (the checks, then the measurements), each in the
     # parts' fixed order, every part in one of them, and the whole proof within a session's 15 minutes
-    # of device time with a couple of minutes to start (kernels counted once: the second command loads
-    # from Numba's cache what the first compiled).
-    commands = gpu_proof.COMMANDS
+    # of device time with a couple of minutes to start. A background part runs beside the parts after it
+    # in its command, which neither wait for it nor compile CPU kernels, and no longer than they may.
+    commands, background = gpu_proof.COMMANDS, set(gpu_proof.BACKGROUND)
     assert {p for c in commands for p in c} == set(gpu_proof.PARTS) == set(gpu_proof.LIMITS)
-    assert all(list(c) == [p for p in gpu_proof.PARTS if p in c] for c in commands)
-    assert all(sum(gpu_proof.LIMITS[p] for p in c) < 540 for c in commands)
-    assert all(c[:2] in (("env", "kernels"), ("kernels", c[1])) for c in commands)  # compiled before use
-    assert sum(gpu_proof.LIMITS.values()) <= 13 * 60
+    assert [p for c in commands for p in c] == list(gpu_proof.PARTS)
+    assert all(sum(gpu_proof.LIMITS[p] for p in c if p not in background) < 540 for c in commands)
+    for c in commands:
+        for part in background & set(c):
+            beside = c[c.index(part) + 1 : next((c.index(w) for w in c if w in gpu_proof.WAITS), len(c))]
+            assert c[0] == part and set(beside) == {"calibrate", "core-bench", "batching"}
+            assert gpu_proof.LIMITS[part] <= sum(gpu_proof.LIMITS[b] for b in beside)
+    assert sum(v for p, v in gpu_proof.LIMITS.items() if p not in background) <= 12.75 * 60
     # The budgeted benchmarks stop early enough to write their reports.
     assert all(gpu_proof.LIMITS[p] > 2 * gpu_proof.REPORT_S for p in ("calibrate", "core-bench"))
 
@@ -259,3 +263,32 @@ def test_a_slow_request_gets_the_servers_stacks_dumped_and_the_service_goes_on()
         assert quick.sent == [] and quick.said() == ""
     finally:
         server.stop()
+
+
+def test_a_background_part_runs_beside_the_next_parts_and_the_first_part_that_waits_takes_its_outcome(
+    tmp_path, monkeypatch
+):
+    """kernels starts its process and returns at once; oom (a part that starts servers) waits for it first;
+    its output lands in service.log and its outcome (read from its last line) in the summary."""
+    monkeypatch.delenv("LU_DEVICE", raising=False)
+    said = {"seconds": 0.25, "compiled": 3, "loaded": 5, "cache": None}
+    monkeypatch.setattr(gpu_proof, "KERNELS_CODE", f"import time; time.sleep(1); print({json.dumps(said)!r})")
+    rc = gpu_proof.main(
+        ["--out", str(tmp_path), "--device", "cpu", "--parts", "kernels", "oom", "--wheels", str(tmp_path)]
+    )
+    assert rc == 0
+    outcomes = json.loads((tmp_path / "gpu-proof-cpu-proof.json").read_text())
+    assert outcomes["kernels"]["status"] == "ok" and outcomes["kernels"]["seconds"] >= 1
+    assert "3 kernel builds compiled, 5 loaded from Numba's cache (beside the sources)" in outcomes["kernels"]["note"]
+    assert "(in the background)" in (tmp_path / "gpu-proof-cpu-service.log").read_text()
+
+
+def test_a_background_part_past_its_limit_is_killed_and_failed(tmp_path, monkeypatch):
+    proof = gpu_proof.Proof(tmp_path, "gpu", False, lambda _: None)
+    monkeypatch.setitem(gpu_proof.LIMITS, "kernels", 1)
+    proof.start("kernels", "service.log", [sys.executable, "-c", "import time; time.sleep(60)"],
+                gpu_proof._kernels_outcome)  # fmt: skip
+    proof.wait()
+    outcome = proof.finished["kernels"]
+    assert outcome.status == "failed" and "exit 124" in outcome.note and outcome.seconds < 30
+    assert not proof.running and "[timed out after 1 s]" in (tmp_path / "gpu-proof-gpu-service.log").read_text()

@@ -69,6 +69,9 @@ async def test_lifecycle(client, rng):
     assert meta["nbytes"] == LU.nbytes + piv.nbytes and meta["pivot"] is True
     same(from_json_tensor(meta["info"]), np.zeros(2, np.int32))
     assert meta["idle_ttl_s"] == 3600 and 3590 < meta["expires_in_s"] <= 3600 and meta["expires_at"].endswith("+00:00")
+    # Kept read-only: nothing writes it, and its solves take the kernels' one (read-only) build.
+    entry = client.app.state.store.get("", "sys.1")
+    assert not entry.LU.flags.writeable and not entry.pivots.flags.writeable
     got = (await client.get("/factorizations/sys.1")).json()
     assert {k: got[k] for k in ("name", "shape", "dtype", "nbytes", "info")} == {
         k: meta[k] for k in ("name", "shape", "dtype", "nbytes", "info")

@@ -683,3 +683,29 @@ def test_a_gpu_service_computes_small_matrices_on_the_host_and_large_ones_on_the
     device.run(on_device, {"A": big}, {})
     assert calls == [False] and cp.copies and cp.downloads == [False]  # up, computed, down (small: pageable)
     assert not device.merges("solve", {"A": big, "B": big[..., :1]})
+
+
+def test_the_kernels_get_every_requests_host_arrays_read_only():
+    """service.device.read_only on each way to the CPU kernels: a CPU device's call and merged call, a GPU
+    service's host job alone and merged. Writable arrays (a JSON request's, a merged batch's) arrive as
+    read-only views (Numba builds each kernel once, for read-only arrays: the warm-up's); the caller's
+    arrays keep their own flags."""
+    from service.device import GpuDevice, PinnedStaging
+
+    seen: list[dict[str, bool]] = []
+
+    def solve(tensors, options):  # a stand-in compute, named as the operation whose host path it takes
+        seen.append({k: v.flags.writeable for k, v in tensors.items()})
+        return {"X": np.zeros(1)}
+
+    cp = _StreamingCupy()
+    gpu = object.__new__(GpuDevice)
+    gpu._cp, gpu.metrics, gpu._stage_children = cp, None, {}
+    gpu._staging, gpu.host_max_n, gpu._pinner = PinnedStaging(cp, None), 32, no_pinner()
+    gpu._streams = (cp.Stream(), cp.Stream(), cp.Stream())
+    A, B = np.ones((2, 8, 8)), np.ones((2, 8, 1))
+    for device in (CpuDevice(), gpu):
+        device.run(solve, {"A": A, "B": B}, {})
+        device.run_stacked(solve, {"A": [A[:1], A[1:]], "B": [B[:1], B[1:]]}, {})
+    assert seen == [{"A": False, "B": False}] * 4 and cp.copies == []
+    assert A.flags.writeable and B.flags.writeable
