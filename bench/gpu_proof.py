@@ -74,6 +74,8 @@ COMMANDS = (("env", "tests", "service", "oom"), ("kernels", "calibrate", "core-b
 # (what starts a service or a test process: they would compile the same kernels at the same time).
 BACKGROUND = ("kernels",)
 WAITS = ("tests", "service", "oom", "service-bench")
+# In the rehearsal batching's servers compute on the CPU (on a device: on the GPU, LU_GPU_HOST_MAX_N=0).
+WAITS_ON_CPU = (*WAITS, "batching")
 # Seconds per part on a device: 11.25 minutes in all without ``kernels`` (it runs beside calibrate,
 # core-bench and batching, and no longer than they may: service-bench never waits past their limits), so
 # that a session's 15 minutes of device time (the machine's start included) hold the whole proof. Seconds
@@ -187,26 +189,41 @@ class Proof:
         self.append(what, f"\n$ {' '.join(argv)} (in the background)\n")
 
     def wait(self) -> None:
-        """Wait for every background part (each up to its own limit, from its start; then killed)."""
+        """Wait for every background part, each until its limit from its start; one still running then
+        is killed (with its process group), at this wait, and failed."""
         for part, (proc, output, deadline, what, read) in list(self.running.items()):
             started = deadline - self.limit(part)
             try:
                 rc = proc.wait(max(0.0, deadline - time.monotonic()))
+                cut = ""
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                rc = 124
-            text = output.read_text() + (f"\n[timed out after {self.limit(part):.0f} s]\n" if rc == 124 else "")
-            self.append(what, text + f"[exit {rc}]\n")
+                self._kill(proc)
+                rc, cut = (
+                    124,
+                    f"\n[past its {self.limit(part):.0f} s: killed after {time.monotonic() - started:.0f} s]\n",
+                )
+            del self.running[part]
             try:
+                text = output.read_text() + cut
+                self.append(what, f"\n--- {part} (in the background), its output ---\n{text}[exit {rc}]\n")
                 outcome = read(rc, text)
             except Exception as exc:  # an unreadable report: the part failed, the proof goes on
                 outcome = Outcome("failed", f"{type(exc).__name__}: {exc}"[:300])
-            outcome.seconds = outcome.seconds or time.monotonic() - started  # its own, else until now
+            outcome.seconds = outcome.seconds or time.monotonic() - started  # its own, else until this wait
             self.finished[part] = outcome
-            del self.running[part]
             self.log(f"part {part} (background): {outcome.status} ({outcome.seconds:.0f} s) {outcome.note}")
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    def abandon(self) -> None:
+        """Kill what still runs in the background (the proof stops early: an error, an interrupt)."""
+        for proc, *_ in self.running.values():
+            self._kill(proc)
+        self.running.clear()
 
 
 def gpu_slug() -> str:
@@ -283,7 +300,7 @@ def _kernels_outcome(rc: int, text: str) -> Outcome:
     if rc != 0:
         cut = " (cut while compiling: the servers compile the rest)" if rc == 124 else ""
         return Outcome("failed", f"exit {rc}{cut}")
-    said = json.loads(text.strip().splitlines()[-1])
+    said = next(json.loads(ln) for ln in reversed(text.splitlines()) if ln.startswith('{"seconds"'))
     where = said["cache"] or "beside the sources"
     return Outcome("ok", f"{said['compiled']} kernel builds compiled, {said['loaded']} loaded from "
                          f"Numba's cache ({where}) in {said['seconds']:.1f} s", said["wall"])  # fmt: skip
@@ -530,25 +547,28 @@ def main(argv: list[str] | None = None) -> int:
         p.facts["carried wheels"] = site
     parts = [name for name in PARTS if name in args.parts]
     outcomes: dict[str, Outcome] = {}
-    for name in parts:
-        if name in WAITS and p.running:
-            p.wait()
-            outcomes.update(p.finished)
-        log(f"part {name} ...")
-        t0 = time.perf_counter()
-        try:
-            outcome = RUNNERS[name](p)
-        except Exception as exc:  # a part that breaks must not stop the others
-            import traceback
+    try:
+        for name in parts:
+            if name in (WAITS_ON_CPU if device == "cpu" else WAITS) and p.running:
+                p.wait()
+                outcomes.update(p.finished)
+            log(f"part {name} ...")
+            t0 = time.perf_counter()
+            try:
+                outcome = RUNNERS[name](p)
+            except Exception as exc:  # a part that breaks must not stop the others
+                import traceback
 
-            p.append("proof.log", f"part {name} raised:\n{traceback.format_exc()}")
-            outcome = Outcome("failed", f"{type(exc).__name__}: {exc}"[:300])
-        outcome.seconds = time.perf_counter() - t0
-        outcomes[name] = p.finished.get(name, outcome)
-        log(f"part {name}: {outcome.status} ({outcome.seconds:.0f} s) {outcome.note}")
-        p.path("summary.md").write_text(summary(p, outcomes, parts, time.perf_counter() - start))
-    p.wait()  # a background part that nothing waited for (PARTS="kernels" alone)
-    outcomes.update(p.finished)
+                p.append("proof.log", f"part {name} raised:\n{traceback.format_exc()}")
+                outcome = Outcome("failed", f"{type(exc).__name__}: {exc}"[:300])
+            outcome.seconds = time.perf_counter() - t0
+            outcomes[name] = p.finished.get(name, outcome)
+            log(f"part {name}: {outcome.status} ({outcome.seconds:.0f} s) {outcome.note}")
+            p.path("summary.md").write_text(summary(p, outcomes, parts, time.perf_counter() - start))
+        p.wait()  # a background part that nothing waited for (PARTS="kernels" alone)
+        outcomes.update(p.finished)
+    finally:
+        p.abandon()  # only if the loop stopped early: nothing is left running past the proof
     shutil.rmtree(p.scratch, ignore_errors=True)
     text = summary(p, outcomes, parts, time.perf_counter() - start)
     p.path("summary.md").write_text(text)

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -53,6 +54,7 @@ def test_rehearsal_limits_are_longer_than_the_device_budget(tmp_path):
     for c in commands:
         for part in background & set(c):
             beside = c[c.index(part) + 1 : next((c.index(w) for w in c if w in gpu_proof.WAITS), len(c))]
+            assert set(beside) & set(gpu_proof.WAITS_ON_CPU) == {"batching"}  # its servers' CPU kernels
             assert c[0] == part and set(beside) == {"calibrate", "core-bench", "batching"}
             assert gpu_proof.LIMITS[part] <= sum(gpu_proof.LIMITS[b] for b in beside)
     assert sum(v for p, v in gpu_proof.LIMITS.items() if p not in background) <= 12.75 * 60
@@ -268,27 +270,52 @@ def test_a_slow_request_gets_the_servers_stacks_dumped_and_the_service_goes_on()
 def test_a_background_part_runs_beside_the_next_parts_and_the_first_part_that_waits_takes_its_outcome(
     tmp_path, monkeypatch
 ):
-    """kernels starts its process and returns at once; oom (a part that starts servers) waits for it first;
-    its output lands in service.log and its outcome (read from its last line) in the summary."""
+    """kernels starts its process and returns at once; calibrate (which compiles no CPU kernel) runs
+    beside it; service-bench (a part that starts servers) waits for it first; its output lands in service.log and
+    its outcome (read from its report line, whatever follows it) in the summary, with its own time."""
     monkeypatch.delenv("LU_DEVICE", raising=False)
     said = {"seconds": 0.25, "compiled": 3, "loaded": 5, "cache": None, "wall": 1.5}
-    monkeypatch.setattr(gpu_proof, "KERNELS_CODE", f"import time; time.sleep(1); print({json.dumps(said)!r})")
-    rc = gpu_proof.main(
-        ["--out", str(tmp_path), "--device", "cpu", "--parts", "kernels", "oom", "--wheels", str(tmp_path)]
-    )
-    assert rc == 0
+    code = f"import sys, time; time.sleep(1); print({json.dumps(said)!r}); print('a warning at exit', file=sys.stderr)"
+    monkeypatch.setattr(gpu_proof, "KERNELS_CODE", code)
+    seen: dict[str, tuple[set[str], set[str]]] = {}
+
+    def recording(name):
+        def part(p):
+            seen[name] = (set(p.running), set(p.finished))
+            return gpu_proof.Outcome("ok", name)
+
+        return part
+
+    for name in ("calibrate", "service-bench"):
+        monkeypatch.setitem(gpu_proof.RUNNERS, name, recording(name))
+    argv = ["--out", str(tmp_path), "--device", "cpu", "--parts", "kernels", "calibrate", "service-bench"]
+    assert gpu_proof.main([*argv, "--wheels", str(tmp_path)]) == 0
+    assert seen == {"calibrate": ({"kernels"}, set()), "service-bench": (set(), {"kernels"})}
     outcomes = json.loads((tmp_path / "gpu-proof-cpu-proof.json").read_text())
     assert outcomes["kernels"]["status"] == "ok" and outcomes["kernels"]["seconds"] == 1.5  # its own time
     assert "3 kernel builds compiled, 5 loaded from Numba's cache (beside the sources)" in outcomes["kernels"]["note"]
-    assert "(in the background)" in (tmp_path / "gpu-proof-cpu-service.log").read_text()
+    log = (tmp_path / "gpu-proof-cpu-service.log").read_text()
+    assert "(in the background)" in log and "--- kernels (in the background), its output ---" in log
 
 
-def test_a_background_part_past_its_limit_is_killed_and_failed(tmp_path, monkeypatch):
+def test_a_background_part_past_its_limit_is_killed_with_what_it_started(tmp_path, monkeypatch):
+    from pathlib import Path
+
     proof = gpu_proof.Proof(tmp_path, "gpu", False, lambda _: None)
-    monkeypatch.setitem(gpu_proof.LIMITS, "kernels", 1)
-    proof.start("kernels", "service.log", [sys.executable, "-c", "import time; time.sleep(60)"],
-                gpu_proof._kernels_outcome)  # fmt: skip
+    monkeypatch.setitem(gpu_proof.LIMITS, "kernels", 2)
+    child = (
+        "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+    )
+    child += "print(c.pid, flush=True); time.sleep(60)"
+    proof.start("kernels", "service.log", [sys.executable, "-c", child], gpu_proof._kernels_outcome)
     proof.wait()
     outcome = proof.finished["kernels"]
     assert outcome.status == "failed" and "exit 124" in outcome.note and outcome.seconds < 30
-    assert not proof.running and "[timed out after 1 s]" in (tmp_path / "gpu-proof-gpu-service.log").read_text()
+    log = (tmp_path / "gpu-proof-gpu-service.log").read_text()
+    assert not proof.running and "[past its 2 s: killed after" in log
+    grandchild = int(re.search(r"its output ---\n(\d+)", log).group(1))
+    status = Path(f"/proc/{grandchild}/status")
+    deadline = time.monotonic() + 10  # the process group went with it: gone, or a zombie not yet reaped
+    while status.exists() and "State:\tZ" not in status.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not status.exists() or "State:\tZ" in status.read_text()
