@@ -171,8 +171,7 @@ class Proof:
             text, _ = proc.communicate(timeout=timeout)
             rc = proc.returncode
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            _kill_group(proc)
             text, _ = proc.communicate()
             rc, text = 124, (text or "") + f"\n[timed out after {timeout:.0f} s]\n"
         self.append(what, text + f"[exit {rc}]\n")
@@ -197,7 +196,8 @@ class Proof:
                 rc = proc.wait(max(0.0, deadline - time.monotonic()))
                 cut = ""
             except subprocess.TimeoutExpired:
-                self._kill(proc)
+                _kill_group(proc)
+                proc.wait()
                 rc, cut = (
                     124,
                     f"\n[past its {self.limit(part):.0f} s: killed after {time.monotonic() - started:.0f} s]\n",
@@ -213,17 +213,19 @@ class Proof:
             self.finished[part] = outcome
             self.log(f"part {part} (background): {outcome.status} ({outcome.seconds:.0f} s) {outcome.note}")
 
-    @staticmethod
-    def _kill(proc: subprocess.Popen) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
     def abandon(self) -> None:
         """Kill what still runs in the background (the proof stops early: an error, an interrupt)."""
         for proc, *_ in self.running.values():
-            self._kill(proc)
+            _kill_group(proc)
+            proc.wait()
         self.running.clear()
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL to ``proc``'s process group (it was started in a session of its own): the servers and
+    processes it started go with it (they would hold the device, its memory and their ports)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def gpu_slug() -> str:

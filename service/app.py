@@ -90,8 +90,9 @@ def warm_up(device: Device, max_n: int | None = None, *, refined: bool | None = 
                 continue
             # As a binary request brings them: read-only views of its body (the device hands every
             # request's tensors to the kernels read-only: service.device.read_only).
-            A = _as_body((rng.standard_normal(warmup_shape(batch, n)) + n * np.eye(n)).astype(dtype))
-            B = _as_body(rng.standard_normal((*warmup_shape(batch, n)[:-1], 1)).astype(dtype))
+            shape = warmup_shape(batch, n)
+            A = _as_body((rng.standard_normal(shape) + n * np.eye(n)).astype(dtype))
+            B = _as_body(rng.standard_normal((*shape[:-1], 1)).astype(dtype))
             factored = run("lu_factor", {"A": A})
             lu, piv = _as_body(factored["LU"]), _as_body(factored["pivots"])
             run("lu_unpack", {"LU": lu, "pivots": piv})
