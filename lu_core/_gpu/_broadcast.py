@@ -69,3 +69,15 @@ def index_terms(batch: tuple[int, ...], out_batch: tuple[int, ...]) -> tuple[tup
     :func:`offset_terms`: the offsets of a contiguous batch counted in matrices."""
     matrices = tuple(math.prod(batch[d + 1 :]) for d in range(len(batch)))  # row-major strides
     return offset_terms(batch, matrices, out_batch)
+
+
+def uniform_step(terms: tuple[tuple[int, int, int], ...], nprob: int) -> int | None:
+    """The step ``s`` with offset ``t * s`` for problem ``t``, where :func:`offset_terms`' (or
+    :func:`index_terms`') ``terms`` reduce to one: 0 when every problem reads the same block (no
+    term), the stride of a single term that steps once per problem; None otherwise (an offset per
+    problem needs an array)."""
+    if not terms:
+        return 0
+    if len(terms) == 1 and terms[0][0] == 1 and terms[0][1] == nprob:
+        return terms[0][2]
+    return None

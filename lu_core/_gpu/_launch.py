@@ -183,11 +183,71 @@ def small_getrf(
     )
 
 
-def small_getrs(s: Any, piv0: Any, index: Any, w3: Any, op: int) -> Launch:
-    """A group of ``_tuning.getrs_width(n)`` lanes per right-hand side, ``32 // width`` a warp."""
+#: ``small_getrs`` flags (``LU_CORE_GETRS_*`` in small_lu.cu).
+SMALL_GETRS_LU_INDEX = 1  # problem t uses factorization lu_index[t] (else t * lu_step)
+SMALL_GETRS_B_OFFSET = 2  # problem t's block of b starts at b_offset[t] (else t * b_step)
+SMALL_GETRS_CONJ = 4  # conjugate b in and x out (X A^H = B's transposed form)
+SMALL_GETRS_CHECKED = 8  # piv holds the user's 1-based pivots: range-checked into first_bad
+
+
+class Indexed(NamedTuple):
+    """Which block of an operand each problem reads: ``array[t]`` (an int64 device array, one entry per
+    problem) where ``array`` is given, else ``t * step`` (0: one block for every problem)."""
+
+    array: Any
+    step: int
+
+
+def small_getrs(
+    s: Any,
+    piv: Any,
+    lu: Indexed,
+    b: Any,
+    b_at: Indexed,
+    s_rhs: int,
+    s_row: int,
+    w3: Any,
+    op: int,
+    *,
+    first_bad: Any,
+    checked: bool,
+    spare: Any,
+    conjugate: bool = False,
+) -> Launch:
+    """A group of ``_tuning.getrs_width(n)`` lanes per right-hand side, ``32 // width`` a warp: right-hand
+    side ``r`` of problem ``t`` read from ``b`` at block ``b_at`` + ``r * s_rhs`` + ``i * s_row``
+    (element offsets from ``b``'s first element), solved with factorization ``lu`` of ``s`` and ``piv``
+    (0-based and checked already; or, ``checked``, the user's 1-based pivots, range-checked by the
+    kernel, the smallest bad flat index written to ``first_bad``, a uint64 set to all ones before; not
+    touched otherwise), the solution to ``w3`` (``(problems, nrhs, n)``), conjugated in and out where
+    ``conjugate``. ``spare``: an int64 array the kernel never touches, passed for an index not given."""
     nprob, nrhs, n = w3.shape
     width = _tuning.getrs_width(n)
-    args = (s, piv0, index, w3, np.int64(nprob), np.int32(nrhs), np.int32(n), np.int32(op), np.int32(width))
+    flags = (
+        (SMALL_GETRS_LU_INDEX if lu.array is not None else 0)
+        | (SMALL_GETRS_B_OFFSET if b_at.array is not None else 0)
+        | (SMALL_GETRS_CONJ if conjugate else 0)
+        | (SMALL_GETRS_CHECKED if checked else 0)
+    )
+    args = (
+        s,
+        piv,
+        spare if lu.array is None else lu.array,
+        np.int64(lu.step),
+        b,
+        spare if b_at.array is None else b_at.array,
+        np.int64(b_at.step),
+        np.int64(s_rhs),
+        np.int64(s_row),
+        w3,
+        np.int64(nprob),
+        np.int32(nrhs),
+        np.int32(n),
+        np.int32(op),
+        np.int32(flags),
+        np.int32(width),
+        first_bad,
+    )
     return Launch(
         "small_lu.cu",
         f"small_getrs<{_ctype(w3.dtype)}>",

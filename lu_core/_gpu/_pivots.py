@@ -27,19 +27,31 @@ def check_pivots(pivots: cp.ndarray, m: int) -> cp.ndarray:
     piv0 = cp.empty((nb, k), dtype=cp.int32)
     if not flat.size:
         return piv0
-    first_bad = cp.empty(1, dtype=cp.uint64)
-    first_bad.data.memset_async(0xFF, 8)  # _NO_BAD: every bit set (a memset, not a fill kernel's launch)
+    first_bad = no_bad_yet()
     _sources.run(_launch.check_pivots(flat, piv0, m, first_bad))
-    bad = first_bad.get()[0]  # one 8-byte copy: the error must be raised on the host
+    raise_if_bad(first_bad, pivots, m)
+    return piv0
+
+
+def no_bad_yet() -> cp.ndarray:
+    """A kernel's ``first_bad`` flag: one uint64 with every bit set (a memset, not a fill kernel's launch)."""
+    first_bad = cp.empty(1, dtype=cp.uint64)
+    first_bad.data.memset_async(0xFF, 8)
+    return first_bad
+
+
+def raise_if_bad(first_bad: cp.ndarray, pivots: cp.ndarray, m: int) -> None:
+    """:class:`PivotError` naming the first bad pivot, the flat index (C order) a kernel wrote to
+    ``first_bad``, if it wrote one. One 8-byte copy, waited for: the error is raised on the host."""
+    bad = first_bad.get()[0]
     if bad != _NO_BAD:
         where = np.unravel_index(int(bad), pivots.shape)
-        value = int(flat.reshape(-1)[int(bad)].get())
+        value = int(pivots[where].get())
         raise PivotError(
             "pivots",
             f"value {value} at index {tuple(int(i) for i in where)} is outside [1, {m}] "
             "(pivots are LAPACK's 1-based row indices)",
         )
-    return piv0
 
 
 def own_pivots(pivots: cp.ndarray) -> cp.ndarray:

@@ -1,12 +1,15 @@
 """The GPU solve with a factorization: no copy of a broadcast LU, no Python loop over problems.
 
-Every path starts with one ``gather_rhs`` launch that reads ``B`` through its
-strides and the broadcast (never materialised) and writes the right-hand sides
-as contiguous vectors, conjugated where ``X A^H = B`` needs it and, for the
-trsm path of ``A X = B``, already permuted. Then:
+``B`` is read through its strides and the broadcast, never materialised first:
 
-* ``n <= 32``: our ``small_getrs``: a group of lanes per vector, several a warp, the pivots
-  applied in registers;
+* ``n <= 32``: our ``small_getrs``, one launch: a group of lanes per vector, several a warp,
+  each reading its right-hand side from ``B`` where it is (conjugated where ``X A^H = B``
+  needs it) and applying the pivots in registers. :func:`solve_direct` (``lu_solve`` with
+  the default options on what ``lu_factor`` returns) makes it range-check the user's
+  pivots too: one launch and one 8-byte copy back in all;
+* the libraries' paths start with one ``gather_rhs`` launch that writes the right-hand
+  sides as contiguous vectors (conjugated where needed and, for the trsm path of
+  ``A X = B``, already permuted), then:
 * a single problem: cuSOLVER ``getrs``;
 * few right-hand sides and ``n`` up to ``_tuning.GETRS_BATCHED_MAX_N`` (0 since the H100's
   calibration: never): cuBLAS ``getrsBatched``;
@@ -17,7 +20,10 @@ Problem ``t`` uses factorization ``lu_index[t]``: the batched routines get
 repeated pointers into ``LU``, the kernels an index, so a broadcast ``LU`` is
 never copied. ``lu_index=None`` (the API's case: LU broadcast to the output
 batch) lets :func:`_lu_index` build it on the device for large batches, as
-:func:`_offsets` does for ``B``'s block offsets.
+:func:`_offsets` does for ``B``'s block offsets; our kernel takes a step per
+problem instead of either array where one serves (one LU for all, or one each;
+``B`` contiguous or evenly strided over its batch), so a small solve sends
+nothing up.
 """
 
 from __future__ import annotations
@@ -30,12 +36,21 @@ import numpy as np
 
 from lu_core._batching import broadcast_index
 from lu_core._gpu import _launch, _libs, _sources, _tuning
-from lu_core._gpu._broadcast import MAX_TERMS, block_offsets, element_strides, index_terms, offset_terms
+from lu_core._gpu._broadcast import (
+    MAX_TERMS,
+    block_offsets,
+    element_strides,
+    index_terms,
+    offset_terms,
+    uniform_step,
+)
 from lu_core._gpu._constants import on_device
+from lu_core._gpu._launch import Indexed
 from lu_core._gpu._libs import cublas, cusolver
-from lu_core._gpu._pivots import permutations
+from lu_core._gpu._pivots import no_bad_yet, permutations, raise_if_bad
 
 _N, _T, _C = 0, 1, 2  # op(A): A, A^T, A^H (our kernels' codes)
+_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
 _CUBLAS_OP = {_N: "CUBLAS_OP_N", _T: "CUBLAS_OP_T", _C: "CUBLAS_OP_C"}
 
 
@@ -54,19 +69,29 @@ def _from_terms(terms: Callable[[], tuple[tuple[int, int, int], ...]], nprob: in
     return out
 
 
-def _offsets(rhs: cp.ndarray, out_batch: tuple[int, ...], nprob: int) -> tuple[cp.ndarray, cp.ndarray, int, int]:
-    """``rhs`` (or a contiguous copy, where its strides are not whole elements), each problem's
-    block offset on the device (:func:`_from_terms`, else ``block_offsets`` on the host), and the
-    element strides of its right-hand-side and row axes."""
+def _offsets(
+    rhs: cp.ndarray, out_batch: tuple[int, ...], nprob: int, steps: bool = False
+) -> tuple[cp.ndarray, Indexed, int, int]:
+    """``rhs`` (or a contiguous copy, where its strides are not whole elements), where each problem's
+    block starts (with ``steps``, a step per problem where one serves, :func:`uniform_step`; else, or
+    where none does, offsets on the device: :func:`_from_terms`, else ``block_offsets`` on the host),
+    and the element strides of its right-hand-side and row axes."""
     strides = element_strides(rhs.strides, rhs.dtype.itemsize)
     if strides is None:
         rhs = cp.ascontiguousarray(rhs)
         strides = element_strides(rhs.strides, rhs.dtype.itemsize)
     batch = tuple(rhs.shape[:-2])
+    step = uniform_step(offset_terms(batch, strides[:-2], out_batch), nprob) if steps else None
+    if step is not None:
+        return rhs, Indexed(None, step), strides[-2], strides[-1]
     offsets = _from_terms(lambda: offset_terms(batch, strides[:-2], out_batch), nprob)
     if offsets is None:
         offsets = on_device(block_offsets(batch, strides[:-2], out_batch))
-    return rhs, offsets, strides[-2], strides[-1]
+    return rhs, Indexed(offsets, 0), strides[-2], strides[-1]
+
+
+_SPARE = np.zeros(1, dtype=np.int64)  # small_getrs' argument for an index it is not given (never touched)
+_NO_FLAG = np.zeros(1, dtype=np.uint64)  # ... and for first_bad where it checks no pivots
 
 
 def lu_solve(
@@ -100,16 +125,17 @@ def lu_solve(
     if not w3.size:
         return w.swapaxes(-1, -2) if left else w
     path = _tuning.solve_path(n, nprob, nrhs)
-    if path != "own":  # the libraries index with 32-bit integers; our kernels do not
-        _libs.check_int32("LU", n, n)
-        _libs.check_int32("B", n, nrhs)
+    if path == "own":  # one launch: B read where it is, conjugated in and out where needed
+        lu_at = _lu_at(lu_index, tuple(lu.shape[:-2]), out_batch, nprob)
+        _small(s, piv0, lu_at, rhs, out_batch, w3, op, conj_io, checked=False)
+        return w.swapaxes(-1, -2) if left else w
+    _libs.check_int32("LU", n, n)  # the libraries index with 32-bit integers; our kernel does not
+    _libs.check_int32("B", n, nrhs)
     index = _lu_index(lu_index, tuple(lu.shape[:-2]), out_batch, nprob)  # read-only: may be shared
     trsm = path == "trsmBatched"
     perm = permutations(piv0, n) if trsm else None
     _gather(rhs, out_batch, w3, perm if op == _N else None, index, conj_io)
-    if path == "own":
-        _small(s, piv0, index, w3, op)
-    elif path == "getrs":
+    if path == "getrs":
         _getrs_cusolver(s, piv0, 0 if lu_index is None else int(lu_index[0]), w3, op)
     elif path == "getrsBatched":
         _getrs_batched(s, piv0, index, w3, op)
@@ -138,6 +164,16 @@ def _lu_index(
     return on_device(np.asarray(lu_index, dtype=np.int64))
 
 
+def _lu_at(lu_index: np.ndarray | None, lu_batch: tuple[int, ...], out_batch: tuple[int, ...], nprob: int) -> Indexed:
+    """Which factorization each problem uses, for ``small_getrs``: a step where one serves (one LU for
+    every problem, or one each), else :func:`_lu_index`'s array."""
+    if lu_index is None:
+        step = uniform_step(index_terms(lu_batch, out_batch), nprob)
+        if step is not None:
+            return Indexed(None, step)
+    return Indexed(_lu_index(lu_index, lu_batch, out_batch, nprob), 0)
+
+
 def _gather(
     rhs: cp.ndarray,
     out_batch: tuple[int, ...],
@@ -148,11 +184,78 @@ def _gather(
 ) -> None:
     src, offsets, s_rhs, s_row = _offsets(rhs, out_batch, w3.shape[0])
     rows = perm if perm is not None else cp.empty(1, dtype=cp.int32)  # unread without use_perm
-    _sources.run(_launch.gather_rhs(src, offsets, s_rhs, s_row, w3, rows, index, perm is not None, conjugate))
+    _sources.run(_launch.gather_rhs(src, offsets.array, s_rhs, s_row, w3, rows, index, perm is not None, conjugate))
 
 
-def _small(s: cp.ndarray, piv0: cp.ndarray, index: cp.ndarray, w3: cp.ndarray, op: int) -> None:
-    _sources.run(_launch.small_getrs(s, piv0, index, w3, op))
+def _small(
+    s: cp.ndarray,
+    piv: cp.ndarray,
+    lu_at: Indexed,
+    rhs: cp.ndarray,
+    out_batch: tuple[int, ...],
+    w3: cp.ndarray,
+    op: int,
+    conjugate: bool,
+    checked: bool,
+) -> cp.ndarray | None:
+    """``small_getrs`` from ``rhs`` (``(*batch, nrhs, n)``, broadcast to ``out_batch``) into ``w3``;
+    ``checked``: ``piv`` are the user's 1-based pivots, checked by the kernel, and the flag it wrote
+    is returned for :func:`raise_if_bad`."""
+    src, b_at, s_rhs, s_row = _offsets(rhs, out_batch, w3.shape[0], steps=True)
+    first_bad = no_bad_yet() if checked else on_device(_NO_FLAG)
+    launch = _launch.small_getrs(
+        s, piv, lu_at, src, b_at, s_rhs, s_row, w3, op, first_bad=first_bad, checked=checked, spare=on_device(_SPARE)
+    )
+    _sources.run(launch)
+    return first_bad if checked else None
+
+
+def solve_direct(LU: object, pivots: object, B: object) -> cp.ndarray | None:
+    """``lu_solve(LU, pivots, B)`` (left, not adjoint, unchecked) in one launch and one 8-byte copy
+    back, for what ``lu_factor`` returns (each LU column-major, C-ordered int32 pivots) and
+    right-hand sides of its dtype and batch (no broadcasting, any strides) that our kernel solves:
+    the kernel reads the user's pivots as they are and range-checks them itself (no ``check_pivots``
+    launch, no converted copy), then raises as the general path would. The general path's launch
+    (the same kernel, the same arithmetic): the same bits. Anything else: None."""
+    if type(LU) is not cp.ndarray or type(pivots) is not cp.ndarray or type(B) is not cp.ndarray:
+        return None
+    nd = LU.ndim
+    if nd < 2 or B.ndim != nd or pivots.ndim != nd - 1:
+        return None
+    dt = LU.dtype
+    if B.dtype != dt or dt not in _DTYPES or pivots.dtype != np.int32:
+        return None
+    n, nrhs = B.shape[-2:]
+    batch = LU.shape[:-2]
+    if LU.shape[-2:] != (n, n) or B.shape[:-2] != batch or pivots.shape != (*batch, n):
+        return None
+    nprob = math.prod(batch)
+    if not nprob or not n or not nrhs or _tuning.solve_path(n, nprob, nrhs) != "own":
+        return None
+    device = LU.device
+    s = LU.swapaxes(-1, -2)  # the factors as the kernel reads them: a view when each LU is column-major
+    if (
+        pivots.device.id != device.id
+        or B.device.id != device.id
+        or not (s.flags.c_contiguous and pivots.flags.c_contiguous)
+    ):
+        return None
+    with device:
+        w = cp.empty((*batch, nrhs, n), dtype=dt)
+        w3 = w.reshape(nprob, nrhs, n)
+        first_bad = _small(
+            s.reshape(nprob, n, n),
+            pivots.reshape(nprob, n),
+            Indexed(None, 1),
+            B.swapaxes(-1, -2),
+            batch,
+            w3,
+            _N,
+            False,
+            True,
+        )
+        raise_if_bad(first_bad, pivots, n)
+    return w.swapaxes(-1, -2)
 
 
 def _pointers(base: cp.ndarray, index: cp.ndarray, step_bytes: int) -> cp.ndarray:

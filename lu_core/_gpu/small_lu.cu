@@ -187,16 +187,44 @@ __global__ void small_getrf(const T* src, int src_rowmajor, T* s, int* __restric
     }
 }
 
-// Solve with small factorizations (n <= 32), in place on right-hand sides
-// w[t, r, :] (length n, contiguous): a group of width >= n lanes per
-// right-hand side, lane g holding x[g]. Problem t uses factorization
-// lu_index[t] (s: column-major n x n matrices, piv0: 0-based pivots), so a
+// small_getrs flags (the host's _launch.SMALL_GETRS_*): which inputs are indexed, and how.
+#define LU_CORE_GETRS_LU_INDEX 1   // problem t uses factorization lu_index[t], else t * lu_step
+#define LU_CORE_GETRS_B_OFFSET 2   // problem t's block of b starts at b_offset[t], else at t * b_step
+#define LU_CORE_GETRS_CONJ 4       // conjugate b on the way in and x on the way out (X A^H = B)
+#define LU_CORE_GETRS_CHECKED 8    // piv: the user's 1-based pivots, range-checked here (else 0-based, checked)
+
+// Pivot i of a factorization's pivots p (0-based out): with `checked`, p holds LAPACK's
+// 1-based pivots as the user gave them; one outside [1, n] records its flat index
+// (factorization f, entry i) in *first_bad (the smallest wins) and is read as i, no
+// swap, so no lane ever follows it.
+__device__ __forceinline__ int small_pivot(const int* p, int i, int n, int checked, long long f, int g,
+                                           unsigned long long* first_bad) {
+    if (!checked) return p[i];
+    const long long q = (long long)p[i] - 1;  // widened: INT_MIN - 1 does not overflow
+    if (q < 0 || q >= n) {
+        if (g == 0) atomicMin(first_bad, (unsigned long long)(f * n + i));
+        return i;
+    }
+    return (int)q;
+}
+
+// Solve with small factorizations (n <= 32): a group of width >= n lanes per
+// right-hand side, lane g holding x[g]. Right-hand side r of problem t is read from
+// b through element strides (block start, + r * s_rhs, row i at + i * s_row: a
+// broadcast or strided B is read in place, never gathered into a copy first) and
+// its solution written to w[t, r, :] (length n, contiguous). Problem t uses
+// factorization f (lu_index[t], or t * lu_step: 0 for one LU shared by every
+// problem, 1 for one LU each) of s (column-major n x n matrices) and piv, so a
 // broadcast LU is read, never copied. trans: 0 solves A x = b, 1 A^T x = b, 2
-// A^H x = b.
+// A^H x = b. flags: LU_CORE_GETRS_* above. Every factorization a problem uses has
+// all its n pivots read, hence checked when `checked`: the host reads *first_bad
+// (set to all ones before) and raises, discarding w.
 template <typename T>
-__global__ void small_getrs(const T* __restrict__ s, const int* __restrict__ piv0,
-                            const long long* __restrict__ lu_index, T* __restrict__ w, long long nprob, int nrhs,
-                            int n, int trans, int width) {
+__global__ void small_getrs(const T* __restrict__ s, const int* __restrict__ piv,
+                            const long long* __restrict__ lu_index, long long lu_step, const T* __restrict__ b,
+                            const long long* __restrict__ b_offset, long long b_step, long long s_rhs,
+                            long long s_row, T* __restrict__ w, long long nprob, int nrhs, int n, int trans,
+                            int flags, int width, unsigned long long* __restrict__ first_bad) {
     const int lane = threadIdx.x & 31;
     const int g = lane & (width - 1);
     const int groups = 32 / width;
@@ -204,18 +232,23 @@ __global__ void small_getrs(const T* __restrict__ s, const int* __restrict__ piv
     const long long nwarps = ((long long)gridDim.x * blockDim.x) >> 5;
     const long long nvec = nprob * nrhs;
     const int cj = trans == 2;
+    const int conj_io = (flags & LU_CORE_GETRS_CONJ) != 0;
+    const int checked = (flags & LU_CORE_GETRS_CHECKED) != 0;
     for (long long v0 = warp * groups; v0 < nvec; v0 += nwarps * groups) {  // uniform per warp
         const long long v = v0 + lane / width;
         const bool active = v < nvec;  // false past the end: the group mirrors vector v0's problem, writes nothing
         const bool mine = active && g < n;
-        const long long f = lu_index[(active ? v : v0) / nrhs];
+        const long long vv = active ? v : v0;
+        const long long t = vv / nrhs;
+        const int r = (int)(vv - t * nrhs);
+        const long long f = (flags & LU_CORE_GETRS_LU_INDEX) ? lu_index[t] : t * lu_step;
         const T* a = s + f * (long long)n * n;  // a(i, j) = a[j * n + i]
-        const int* p = piv0 + f * n;
-        T* xv = w + (active ? v : v0) * n;
-        T x = mine ? xv[g] : T(0);
+        const int* p = piv + f * n;
+        const T* bv = b + ((flags & LU_CORE_GETRS_B_OFFSET) ? b_offset[t] : t * b_step) + r * s_rhs;
+        T x = mine ? maybe_conj(bv[g * s_row], conj_io) : T(0);
         if (trans == 0) {
             for (int i = 0; i < n; ++i) {  // x = P^T b: the swaps in order, one shuffle each
-                const int q = p[i];
+                const int q = small_pivot(p, i, n, checked, f, g, first_bad);
                 x = shfl(x, g == i ? q : g == q ? i : g, width);
             }
             for (int j = 0; j < n; ++j) {  // L y = x, unit diagonal
@@ -243,10 +276,10 @@ __global__ void small_getrs(const T* __restrict__ s, const int* __restrict__ piv
                 }
             }
             for (int i = n - 1; i >= 0; --i) {  // x = P z: the swaps in reverse, one shuffle each
-                const int q = p[i];
+                const int q = small_pivot(p, i, n, checked, f, g, first_bad);
                 x = shfl(x, g == i ? q : g == q ? i : g, width);
             }
         }
-        if (mine) xv[g] = x;
+        if (mine) w[vv * n + g] = maybe_conj(x, conj_io);
     }
 }

@@ -285,6 +285,64 @@ def test_bad_pivots_raise_on_the_gpu(bad):
         lu_core.pivots_to_permutation(piv, 3)
 
 
+def _general_path(monkeypatch):
+    """The API's general path for lu_solve on the GPU: check_pivots, then the backend's solve."""
+    from lu_core._gpu.backend import GpuBackend
+
+    monkeypatch.setattr(GpuBackend, "solve_direct", lambda self, *a: None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("batch", "n", "nrhs"), [((), 8, 1), ((5,), 5, 4), ((), 32, 3), ((2, 3), 7, 2), ((600,), 4, 1)]
+)
+def test_the_direct_solve_gives_the_general_paths_bits(rng, batch, n, nrhs, dtype, monkeypatch):
+    """``lu_solve`` with the default options on what ``lu_factor`` returns takes ``_solve.solve_direct``
+    (one launch reading the user's pivots and B where they are): the general path's bits (the same
+    kernel after ``check_pivots``), for contiguous, strided and column-major right-hand sides."""
+    from lu_core._gpu import _solve
+
+    A = well_conditioned(rng, (*batch, n, n), dtype)
+    LU, piv = lu_core.lu_factor(cp.asarray(A))
+    wide = cp.asarray(random_matrix(rng, (*batch, n, 2 * nrhs), dtype))
+    column_major = cp.asarray(random_matrix(rng, (*batch, nrhs, n), dtype)).swapaxes(-1, -2)
+    taken = []
+    real = _solve.solve_direct
+    for B in (cp.ascontiguousarray(wide[..., :nrhs]), wide[..., ::2], column_major):
+        with monkeypatch.context() as m:
+            m.setattr(_solve, "solve_direct", lambda *a: taken.append(1) or real(*a))
+            X = lu_core.lu_solve(LU, piv, B)
+        with monkeypatch.context() as m:
+            _general_path(m)
+            want = lu_core.lu_solve(LU, piv, B)
+        assert X.shape == want.shape and X.strides == want.strides
+        np.testing.assert_array_equal(cp.asnumpy(X).view(np.uint8), cp.asnumpy(want).view(np.uint8))
+        X_cpu = lu_core.lu_solve(*lu_core.lu_factor(A), cp.asnumpy(B))
+        assert_close(cp.asnumpy(X), X_cpu, dtype, n, scale=max(1.0, float(np.abs(X_cpu).max())))
+    assert taken == [1, 1, 1]
+
+
+def test_the_direct_solve_checks_the_pivots_as_the_general_path_does(rng, monkeypatch):
+    """Bad pivots reach no kernel unchecked on the direct path either: the same PivotError, naming the
+    first bad pivot, as the general path's check_pivots."""
+    A = well_conditioned(rng, (2, 3, 4, 4), np.float64)
+    LU, piv = lu_core.lu_factor(cp.asarray(A))
+    B = cp.asarray(random_matrix(rng, (2, 3, 4, 2), np.float64))
+    for at, value in ((5, 0), (17, 5), (0, -7), (23, np.iinfo(np.int32).min), (9, np.iinfo(np.int32).max)):
+        bad = piv.copy()
+        bad.reshape(-1)[at] = value
+        bad.reshape(-1)[-1] = 0  # a later bad one: the first is named
+        with pytest.raises(lu_core.PivotError) as direct:
+            lu_core.lu_solve(LU, bad, B)
+        with monkeypatch.context() as m:
+            _general_path(m)
+            with pytest.raises(lu_core.PivotError) as general:
+                lu_core.lu_solve(LU, bad, B)
+        assert str(direct.value) == str(general.value)
+        where = tuple(int(i) for i in np.unravel_index(at, piv.shape))
+        assert f"value {value} at index {where} is outside [1, 4]" in str(direct.value)
+
+
 def test_singular_raises(rng):
     A = cp.asarray(np.stack([np.eye(3), np.zeros((3, 3))]))
     _, _, info = lu_core.lu_factor_ex(A)

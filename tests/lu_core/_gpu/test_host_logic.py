@@ -161,8 +161,47 @@ def test_small_launches_give_each_group_its_matrix_and_its_shared_memory():
     assert launch.shared == 4 * 4 * 9 * 8 * 8  # warps x groups x (ld = 9) x n x 8 bytes
     w3 = np.zeros((10, 3, 5))
     lu5 = np.zeros((10, 5, 5))
-    launch = _launch.small_getrs(lu5, np.zeros((10, 5), np.int32), np.zeros(10, np.int64), w3, 0)
-    assert launch.args[-1] == 8 and launch.grid == (2,)  # 30 vectors, 4 a warp: 8 warps, 4 a block
+    spare, flag = np.zeros(1, np.int64), np.zeros(1, np.uint64)
+    at = _launch.Indexed(None, 15)
+    launch = _launch.small_getrs(
+        lu5, np.zeros((10, 5), np.int32), _launch.Indexed(None, 1), w3, at, 5, 1, w3, 0,
+        first_bad=flag, checked=False, spare=spare,
+    )  # fmt: skip
+    assert launch.args[-2] == 8 and launch.grid == (2,)  # 30 vectors, 4 a warp: 8 warps, 4 a block
+    assert launch.args[-3] == 0 and launch.args[2] is spare and launch.args[5] is spare  # steps, no arrays
+    index, offsets = np.zeros(10, np.int64), np.arange(10, dtype=np.int64) * 15
+    launch = _launch.small_getrs(
+        lu5, np.zeros((10, 5), np.int32), _launch.Indexed(index, 0), w3, _launch.Indexed(offsets, 0), 5, 1, w3, 2,
+        first_bad=flag, checked=True, spare=spare, conjugate=True,
+    )  # fmt: skip
+    assert launch.args[-3] == 1 | 2 | 4 | 8 and launch.args[2] is index and launch.args[5] is offsets
+
+
+def test_a_uniform_step_replaces_an_offset_array_where_one_serves():
+    """``_broadcast.uniform_step``: the small solve takes ``t * step`` instead of an array (nothing sent
+    up) exactly where that is each problem's offset, and None (an array) everywhere else."""
+    from lu_core._gpu._broadcast import block_offsets, index_terms, offset_terms, uniform_step
+
+    def check(batch, strides, out_batch):
+        nprob = int(np.prod(out_batch))
+        step = uniform_step(offset_terms(batch, strides, out_batch), nprob)
+        want = block_offsets(batch, strides, out_batch)
+        uniform = bool(np.all(want == np.arange(nprob) * (want[1] - want[0] if nprob > 1 else 0)))
+        assert (step is not None) == uniform, (batch, strides, out_batch)
+        if step is not None:
+            np.testing.assert_array_equal(np.arange(nprob, dtype=np.int64) * step, want)
+        return step
+
+    assert check((4, 3), (36, 12), (4, 3)) == 12  # contiguous: one term
+    assert check((), (), (5,)) == 0  # unbatched: every problem reads the one block
+    assert check((1,), (7,), (6,)) == 0  # broadcast
+    assert check((4,), (-12,), (4,)) == -12  # reversed
+    assert check((2, 3), (40, 12), (2, 3)) is None  # padded between rows of the batch
+    assert check((3,), (12,), (2, 3)) is None  # repeated: t % 3
+    assert check((2, 1), (12, 12), (2, 5)) is None  # each block five times: t // 5
+    assert uniform_step(index_terms((4, 3), (4, 3)), 12) == 1  # one LU each
+    assert uniform_step(index_terms((1,), (9,)), 9) == 0  # one LU for all
+    assert uniform_step(index_terms((3,), (2, 3)), 6) is None
 
 
 def test_rect_factor_max_bytes_zero_sends_every_rectangular_batch_to_the_library(monkeypatch):

@@ -216,8 +216,21 @@ def test_small_getrf_pivots_on_ties_zeros_and_non_finite_entries(asan, dtype, sh
 # ---------------------------------------------------------------- small_getrs
 
 
+_SPARE, _NO_FLAG = np.zeros(1, np.int64), np.zeros(1, np.uint64)
+
+
 def _small_getrs(exe, s, piv0, lu_index, w, trans, how="backend"):
-    _run(exe, _launch.small_getrs(s, piv0, lu_index, w, trans), how)
+    """``small_getrs`` on the right-hand sides (rows) of ``w``, in place, as ``_solve.lu_solve`` launches
+    it for the API's broadcast: ``w`` read from a copy of itself, each problem's block a step on, and
+    the factorizations through ``lu_index`` (0-based pivots, checked already)."""
+    _, nrhs, n = w.shape
+    b = w.copy()
+    launch = _launch.small_getrs(
+        s, piv0, _launch.Indexed(lu_index, 0), b, _launch.Indexed(None, nrhs * n), n, 1, w, trans,
+        first_bad=_NO_FLAG, checked=False, spare=_SPARE,
+    )  # fmt: skip
+    _run(exe, launch, how)
+    np.testing.assert_array_equal(_NO_FLAG, 0)  # never written when it checks nothing
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -428,6 +441,86 @@ def test_gather_rhs_reads_b_through_its_strides_and_broadcast(asan, dtype, layou
     full = np.broadcast_to(rhs, (*out_batch, nrhs, n)).reshape(nprob, nrhs, n)
     want = np.stack([full[t][:, perm[lu_index[t]]] if use_perm else full[t] for t in range(nprob)])
     _same(w, np.conj(want) if conjugate else want, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("indexed", ["as _solve does", "arrays"])
+def test_small_getrs_reads_b_where_it_is(asan, dtype, layout, indexed):
+    """The small solve reads its right-hand sides from B through B's strides and broadcast (as
+    ``gather_rhs`` does), each problem's block a step on where ``_solve`` takes one
+    (``_broadcast.uniform_step``; its factorization too) or from offset and index arrays, relative
+    to B's first element as CuPy passes it (``simt.At``: inside the buffer), conjugating
+    in and out on request: the bits of solving the materialised copy (then conjugating)."""
+    make, out_batch = LAYOUTS[layout]
+    buffer = _rand(np.random.default_rng(3), (200,), dtype)
+    rhs = make(buffer)
+    nrhs, n = rhs.shape[-2:]
+    strides = _broadcast.element_strides(rhs.strides, rhs.itemsize)
+    batch = tuple(rhs.shape[:-2])
+    nprob = int(np.prod(out_batch))
+    first = (rhs.__array_interface__["data"][0] - buffer.__array_interface__["data"][0]) // buffer.itemsize
+    step = _broadcast.uniform_step(_broadcast.offset_terms(batch, strides[:-2], out_batch), nprob)
+    if indexed == "arrays" or step is None:
+        b_at = _launch.Indexed(_broadcast.block_offsets(batch, strides[:-2], out_batch), 0)
+    else:
+        b_at = _launch.Indexed(None, step)
+    rng = np.random.default_rng(nprob)
+    LU, piv, _ = _cpu_factor(_rand(rng, (nprob, n, n), dtype))
+    s, piv0 = np.ascontiguousarray(LU.swapaxes(1, 2)), (piv - 1).astype(np.int32)
+    lu_index = rng.permutation(nprob).astype(np.int64) if indexed == "arrays" else np.arange(nprob, dtype=np.int64)
+    lu_at = _launch.Indexed(lu_index, 0) if indexed == "arrays" else _launch.Indexed(None, 1)
+    full = np.broadcast_to(rhs, (*out_batch, nrhs, n)).reshape(nprob, nrhs, n)
+    for trans, conjugate in ((0, False), (0, True), (2, True), (1, False)):
+        b = buffer.copy()
+        w = np.full((nprob, nrhs, n), 7, dtype)
+        launch = _launch.small_getrs(  # b: B's first element, as CuPy passes it (offsets may go back from there)
+            s, piv0, lu_at, simt.At(b, first), b_at, strides[-2], strides[-1], w, trans,
+            first_bad=_NO_FLAG, checked=False, spare=_SPARE, conjugate=conjugate,
+        )  # fmt: skip
+        _run(asan, launch)
+        want = (np.conj(full) if conjugate else full).swapaxes(1, 2).copy()
+        _kernels.getrs.serial(s, piv0, lu_index.astype(np.intp), want, trans)
+        want = want.swapaxes(1, 2)
+        _same(w, np.conj(want) if conjugate else want, dtype)
+        np.testing.assert_array_equal(b, buffer)  # read, never written
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64])
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_small_getrs_checks_the_users_pivots_itself(asan, dtype, how):
+    """``solve_direct``'s launch: the user's 1-based int32 pivots as they are, range-checked by the
+    kernel while it solves (every pivot of every factorization a problem uses is read): the first
+    bad one's flat index in ``first_bad`` (never written when all are good), a bad one never
+    followed (the sanitizers see every read), and with good pivots the unchecked launch's bits."""
+    n, nlu, nrhs = 5, 4, 2
+    rng = np.random.default_rng(5)
+    LU, piv, _ = _cpu_factor(_rand(rng, (nlu, n, n), dtype))
+    s = np.ascontiguousarray(LU.swapaxes(1, 2))
+    rows = _rand(rng, (nlu, nrhs, n), dtype)
+    imin, imax = np.iinfo(np.int32).min, np.iinfo(np.int32).max
+    cases = [(piv, None)]
+    for at, value in ((7, 0), (3, n + 1), (13, imin), (18, imax), (11, -1)):
+        bad = piv.copy()
+        bad.reshape(-1)[at] = value
+        bad.reshape(-1)[19] = 0  # a later bad one: the first is reported
+        cases.append((bad, at))
+    for trans in (0, 1):
+        want = rows.copy()
+        _small_getrs(asan, s, (piv - 1).astype(np.int32), np.arange(nlu, dtype=np.int64), want, trans, how)
+        for pivots, first in cases:
+            first_bad = np.full(1, np.iinfo(np.uint64).max, np.uint64)
+            w = np.full_like(rows, 7)
+            launch = _launch.small_getrs(
+                s, np.ascontiguousarray(pivots), _launch.Indexed(None, 1), rows.copy(), _launch.Indexed(None, nrhs * n),
+                n, 1, w, trans, first_bad=first_bad, checked=True, spare=_SPARE,
+            )  # fmt: skip
+            _run(asan, launch, how)
+            if first is None:
+                assert first_bad[0] == np.iinfo(np.uint64).max
+                np.testing.assert_array_equal(_bits(w), _bits(want))
+            else:
+                assert int(first_bad[0]) == first
 
 
 @pytest.mark.parametrize("how", LAUNCHES)

@@ -29,6 +29,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from typing import NamedTuple
 
 import numpy as np
 
@@ -125,6 +126,14 @@ def build(sanitizer: str, directory: pathlib.Path) -> pathlib.Path:
     return exe
 
 
+class At(NamedTuple):
+    """A launch argument: a pointer to item ``first`` of ``array`` (C-contiguous), as CuPy passes a view
+    that starts inside its allocation; the kernel may read before it, within ``array``."""
+
+    array: np.ndarray
+    first: int
+
+
 class KernelFailed(RuntimeError):
     """The emulated launch stopped: a sanitizer report, a deadlock, a divergent barrier or shuffle."""
 
@@ -132,18 +141,20 @@ class KernelFailed(RuntimeError):
 def run(exe: pathlib.Path, launch: _launch.Launch, timeout: float = 300) -> None:
     """Run ``launch`` (built by ``lu_core._gpu._launch``; its grid, block and shared memory may be
     replaced with ``launch._replace``) as CuPy would: arrays (C-contiguous, updated in place from the
-    kernel's writes) become pointers, NumPy integer scalars integers of their width."""
+    kernel's writes; a read-only one must come back unchanged) become pointers, NumPy integer scalars
+    integers of their width."""
     (grid,), (block,), shared = launch.grid, launch.block, launch.shared
     with tempfile.TemporaryDirectory(prefix="simt-") as tmp:
         lines = [f"kernel {launch.source} {launch.name}", f"launch {grid} {block} {shared}"]
         buffers = []
-        for i, a in enumerate(launch.args):
+        for i, arg in enumerate(launch.args):
+            a, first = (arg.array, arg.first) if isinstance(arg, At) else (arg, 0)
             if isinstance(a, np.ndarray):
                 if not a.flags.c_contiguous:
                     raise ValueError(f"argument {i}: the kernels take C-contiguous arrays")
                 path = pathlib.Path(tmp) / f"{i}.bin"
                 path.write_bytes(a.tobytes())
-                lines.append(f"buf {path} {a.nbytes} {a.dtype.kind} {a.dtype.itemsize}")
+                lines.append(f"buf {path} {a.nbytes} {a.dtype.kind} {a.dtype.itemsize} {first}")
                 buffers.append((a, path))
             elif isinstance(a, np.integer):
                 lines.append(f"int {a.dtype.itemsize} {int(a.dtype.kind == 'i')} {int(a)}")
@@ -159,4 +170,8 @@ def run(exe: pathlib.Path, launch: _launch.Launch, timeout: float = 300) -> None
                 f"exit {done.returncode}\n{done.stderr[-8000:]}"
             )
         for a, path in buffers:
-            a[...] = np.frombuffer(path.read_bytes(), dtype=a.dtype).reshape(a.shape)
+            after = np.frombuffer(path.read_bytes(), dtype=a.dtype).reshape(a.shape)
+            if a.flags.writeable:
+                a[...] = after
+            elif after.tobytes() != a.tobytes():
+                raise KernelFailed(f"{launch.source} {launch.name}: wrote into a read-only argument")

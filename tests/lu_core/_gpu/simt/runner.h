@@ -6,8 +6,11 @@
 //
 //     kernel SOURCE NAME           a name expression of _sources.SOURCES, e.g. small_lu.cu small_getrf<double>
 //     launch GRID BLOCK SHARED     one-dimensional grid and block, dynamic shared memory in bytes
-//     buf PATH BYTES KIND ITEMSIZE a pointer argument: the file's bytes, read before and written back after;
-//                                  KIND and ITEMSIZE are the array's NumPy dtype's (f, c, i, u; bytes)
+//     buf PATH BYTES KIND ITEMSIZE [FIRST]
+//                                  a pointer argument: the file's bytes, read before and written back after;
+//                                  KIND and ITEMSIZE are the array's NumPy dtype's (f, c, i, u; bytes); the
+//                                  kernel gets a pointer to item FIRST (default 0), as CuPy passes a view
+//                                  that starts inside its allocation (simt.At)
 //     int BYTES SIGNED VALUE       an integer argument of that width and signedness
 //
 // Arguments must match the kernel's parameters in number, kind (pointer or
@@ -42,6 +45,7 @@ struct Arg {
     long long value = 0;
     char kind = 0;  // a buffer's NumPy dtype kind and item size
     std::size_t itemsize = 0;
+    std::size_t first = 0;  // the item the kernel's pointer points at
 };
 
 template <typename T>
@@ -75,7 +79,7 @@ P convert(const Arg& a, std::size_t index) {
                           index, sizeof(E), kind_of<E>(), a.itemsize, a.kind);
             fail(msg);
         }
-        return static_cast<P>(a.ptr);
+        return reinterpret_cast<P>(static_cast<char*>(a.ptr) + a.first * a.itemsize);
     } else {
         static_assert(std::is_integral<P>::value, "kernel parameters are pointers or integers");
         if (a.is_buffer || a.bytes != sizeof(P) || a.is_signed != std::is_signed<P>::value) {
@@ -161,6 +165,8 @@ int main(int argc, char** argv) {
             simt::Arg a;
             std::string path;
             in >> path >> a.bytes >> a.kind >> a.itemsize;
+            if (!(in >> a.first)) a.first = 0;
+            if (a.itemsize == 0 || a.first * a.itemsize > a.bytes) simt::fail("a buffer's first item is past its end");
             a.is_buffer = true;
             a.ptr = std::malloc(a.bytes ? a.bytes : 1);
             std::ifstream f(path, std::ios::binary);
