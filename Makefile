@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 # e.g. `make serve EXTRAS=server,cuda12`.
 EXTRAS ?= server
 
-.PHONY: serve test lint bench calibrate clean gpu-proof gpu-wheels image image-check
+.PHONY: serve test bench calibrate clean gpu-proof gpu-wheels image image-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -1,6 +1,6 @@
 """``python -m bench``: every benchmark suite behind one command.
 
-    python -m bench                          # core-cpu, core-gpu (where a GPU is visible), service, batching, refine-*
+    python -m bench                          # core-cpu, core-gpu (where a GPU is visible), service, batching
     python -m bench --suite hostile          # memory and slow clients against default settings
     python -m bench --suite core-cpu service # some of them
     python -m bench --quick                  # small grids and short timings: a smoke test
@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         choices=list(SUITES),
         default=["core-cpu", "core-gpu", "service", "batching"],
-        help="suites to run (default: all but hostile, which sends 25 GB of uploads)",
+        help="suites to run (default: core-cpu, core-gpu where a GPU is visible, service, batching; "
+        "hostile, which sends 25 GB of uploads, and refine-* when named)",
     )
     ap.add_argument("--quick", action="store_true", help="small grids and short timings (a smoke test)")
     ap.add_argument("--out", default="bench/results", help="folder for reports and plots ('' for none)")

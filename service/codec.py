@@ -207,12 +207,24 @@ def _typed_tensor(name: str, dtype: np.dtype, shape: tuple[int, ...] | None, dat
         raise bad_request(
             "shape_mismatch", f"{name}: declared shape {list(shape)} holds {count} elements, data holds {arr.size}"
         )
+    elif arr.ndim > 1 and arr.size and _squeezed(arr.shape) != _squeezed(shape):
+        # Nested data: its nesting is a shape too, and must be the one declared (up to dimensions of one).
+        raise bad_request(
+            "shape_mismatch",
+            f"{name}: declared shape {list(shape)}, data nested as {list(arr.shape)} "
+            "(send it flat, or nested as declared)",
+        )
     return arr.astype(dtype.newbyteorder("="), copy=False).reshape(shape)
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
 
 
 def _json_tensor(name: str, value: Any, default: np.dtype, budget: _Budget) -> np.ndarray:
     """A tensor in the native JSON form: nested list, or {"dtype", "shape", "data"}."""
-    if isinstance(value, list) or (isinstance(value, int | float) and not isinstance(value, bool)):
+    if isinstance(value, list | str) or (isinstance(value, int | float) and not isinstance(value, bool)):
+        # (a bare string: one of the non-finite spellings, "Infinity" for a scalar like anorm, or a 400)
         arr = _numbers(name, value)
         budget.take(name, work_elements(arr.shape))
         if default.kind == "f" and arr.dtype.kind in "iu":

@@ -13,7 +13,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 
-from service.errors import ServiceError, bad_request, too_large
+from service.errors import ServiceError, bad_request, brief, too_large
 
 __all__ = ["ENCODINGS", "Inflater", "inflater_for"]
 
@@ -124,6 +124,6 @@ def inflater_for(
     raise ServiceError(
         415,
         "unsupported_encoding",
-        f"Content-Encoding {content_encoding!r} is not supported: send gzip, deflate or identity",
+        f"Content-Encoding {brief(content_encoding)} is not supported: send gzip, deflate or identity",
         headers={"Accept-Encoding": "gzip, deflate"},
     )

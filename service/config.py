@@ -154,17 +154,18 @@ class Settings(BaseSettings):
         3600.0, ge=0, description="Seconds a stored factorization may stay unused before it expires; 0: never."
     )
 
-    @field_validator("gpu_memory_bytes", mode="before")
+    @field_validator("gpu_memory_bytes", "api_key", mode="before")
     @classmethod
     def _blank_is_default(cls, value: object) -> object:
-        # LU_GPU_MEMORY_BYTES="" (as compose and the ConfigMap list it) means the default.
+        # LU_GPU_MEMORY_BYTES="" (as compose and the ConfigMap list it) means the default; so does
+        # LU_API_KEY="" (compose passes "${LU_API_KEY:-}": no key on the host, no authentication).
         return None if isinstance(value, str) and not value.strip() else value
 
     @field_validator("api_key")
     @classmethod
     def _keys_not_blank(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None and not [k for k in value.get_secret_value().split(",") if k.strip()]:
-            raise ValueError("LU_API_KEY is set but holds no key; unset it to disable authentication")
+            raise ValueError("LU_API_KEY holds separators but no key; unset it to disable authentication")
         return value
 
     @property

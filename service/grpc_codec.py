@@ -27,7 +27,8 @@ from service.codec import (
     oip_dtype,
     tensor_shape,
 )
-from service.errors import bad_request
+from service.errors import bad_request, brief
+from service.footprint import work_elements
 
 __all__ = ["decode_infer_request", "encode_infer_response", "parameter_value"]
 
@@ -97,11 +98,11 @@ def decode_infer_request(request: pb.ModelInferRequest, max_elements: int) -> De
         if not name:
             raise bad_request("malformed_tensor", "every input needs a name")
         if name in tensors:
-            raise bad_request("malformed_tensor", f"input {name!r} appears twice")
+            raise bad_request("malformed_tensor", f"input {brief(name)} appears twice")
         dtype = oip_dtype(name, entry.datatype)
         shape = _shape(name, entry.shape)
         count = math.prod(shape)
-        budget.take(name, count)
+        budget.take(name, work_elements(shape))  # as over HTTP: a zero-size dimension counts as one
         if not raw:
             tensors[name] = _typed(entry, dtype, shape)
             continue

@@ -53,11 +53,32 @@ GRPC_STATUS: dict[str | int, grpc.StatusCode] = {
     415: Code.INVALID_ARGUMENT,
     422: Code.INVALID_ARGUMENT,
     503: Code.RESOURCE_EXHAUSTED,  # overloaded, out of memory: back off and retry
+    501: Code.UNIMPLEMENTED,  # an RPC of the protocol this service does not serve
     500: Code.INTERNAL,  # a bug, never input
 }
 
 SERVICE = "inference.GRPCInferenceService"
 _OPEN = frozenset({"ServerLive", "ServerReady"})  # as /v2/health/*: no API key
+
+#: The service's RPCs that it does not serve (Triton's model configuration and statistics, model
+#: repository, shared memory, tracing, logging and streaming extensions): UNIMPLEMENTED, through
+#: the same access log line, metrics and authentication as every other RPC.
+UNSERVED = (
+    "ModelConfig",
+    "ModelStatistics",
+    "RepositoryIndex",
+    "RepositoryModelLoad",
+    "RepositoryModelUnload",
+    "SystemSharedMemoryStatus",
+    "SystemSharedMemoryRegister",
+    "SystemSharedMemoryUnregister",
+    "CudaSharedMemoryStatus",
+    "CudaSharedMemoryRegister",
+    "CudaSharedMemoryUnregister",
+    "TraceSetting",
+    "LogSettings",
+    "ModelStreamInfer",
+)
 _MAX_MESSAGE = (1 << 31) - 1  # protobuf's own bound
 
 
@@ -104,6 +125,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> Any:
         return await self._serve("ModelInfer", request, context, self._infer)
+
+    async def _unserved(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            raise ServiceError(501, "not_implemented", f"{method} is not served here: {SERVICE} serves {_SERVED}")
+
+        return await self._serve(method, request, context, refuse)
 
     # ------------------------------------------------------------------ what they do
 
@@ -180,7 +207,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             code = grpc_status(error)
             status = code.name
             metrics.errors.labels(error.code).inc()
-            if error.status >= 500:
+            if error.status >= 500 and error.status != 501:
                 log.warning("%s: %s", error.code, error.message)
             trailing = [("x-request-id", rid), ("lu-error-code", error.code)]
             trailing += [(k.lower(), v) for k, v in error.headers.items() if k.lower() == "retry-after"]
@@ -188,7 +215,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(code, error.message)
         finally:
             seconds = time.perf_counter() - start
-            path, size = f"/{SERVICE}/{method}", request.ByteSize()
+            path = f"/{SERVICE}/{method}"
+            size = request.ByteSize() if hasattr(request, "ByteSize") else 0  # (a stream's: not read)
             metrics.in_flight.dec()
             metrics.observe_request(path, "gRPC", status, seconds, size, out)
             if ACCESS.isEnabledFor(logging.INFO):
@@ -199,6 +227,21 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                      "bytes_in": size, "bytes_out": out},
                 )  # fmt: skip
             request_id_var.reset(token)
+
+
+def _refusing(method: str) -> Callable[..., Awaitable[Any]]:
+    async def rpc(self: InferenceServicer, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._unserved(method, request, context)
+
+    rpc.__name__ = method
+    return rpc
+
+
+for _method in UNSERVED:
+    setattr(InferenceServicer, _method, _refusing(_method))
+_SERVED = ", ".join(
+    m for m in vars(pb_grpc.GRPCInferenceServiceServicer) if not m.startswith("_") and m not in UNSERVED
+)
 
 
 class GrpcServer:

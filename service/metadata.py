@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from service.errors import ServiceError
+from service.errors import ServiceError, brief
 from service.operations import OPERATIONS, Operation, Option
 
 __all__ = ["EXTENSIONS", "INPUT_DATATYPES", "VERSION", "find_model", "model_metadata", "server_metadata"]
@@ -40,9 +40,9 @@ def find_model(name: str, version: str | None = None) -> Operation:
     """The operation served as model ``name`` (404 ``unknown_model`` for any other name or version)."""
     op = OPERATIONS.get(name)
     if op is None:
-        raise ServiceError(404, "unknown_model", f"no model {name!r}; the models are {sorted(OPERATIONS)}")
+        raise ServiceError(404, "unknown_model", f"no model {brief(name)}; the models are {sorted(OPERATIONS)}")
     if version not in (None, "", VERSION):
-        raise ServiceError(404, "unknown_model", f"model {name!r} has only version {VERSION!r}")
+        raise ServiceError(404, "unknown_model", f"model {brief(name)} has only version {VERSION!r}")
     return op
 
 

@@ -40,7 +40,7 @@ import httptools
 import orjson
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
-from service.context import new_request_id
+from service.context import choose_request_id, new_request_id
 
 __all__ = ["BODY_SINK", "READ_STARTED", "BodySink", "bounded_protocol"]
 
@@ -54,17 +54,26 @@ DIRECT_MIN = 256 << 10
 _APP_GRACE_S = 0.5
 
 
-def _error_bytes(status: int, code: str, message: str) -> bytes:
-    body = orjson.dumps({"error": message, "code": code, "request_id": new_request_id()})
+def _error_bytes(status: int, code: str, message: str, request_id: str) -> bytes:
+    body = orjson.dumps({"error": message, "code": code, "request_id": request_id})
     return b"".join(
         [
             STATUS_LINE[status],
             b"content-type: application/json\r\n",
             b"content-length: " + str(len(body)).encode() + b"\r\n",
+            b"x-request-id: " + request_id.encode() + b"\r\n",  # well-formed: choose_request_id's
             b"connection: close\r\n\r\n",
             body,
         ]
     )
+
+
+def _client_request_id(headers: Any) -> str:
+    """The id for a refusal: the client's ``X-Request-ID`` where its headers got that far, else a new one."""
+    for name, value in headers or ():
+        if name.lower() == b"x-request-id":
+            return choose_request_id(value.decode("latin-1"))
+    return new_request_id()
 
 
 class BodySink:
@@ -270,6 +279,7 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._started = 0.0
         self._body_bytes = 0
         self._header_bytes = 0
+        self._header_tail = b""  # the last bytes of the headers so far: their end may span two reads
         # True from the end of a request's body (or the connection's start) until the next request's
         # headers are complete: the bytes that arrive then are headers, bounded by max_header_bytes.
         self._in_headers = True
@@ -291,10 +301,28 @@ class _BoundedProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._in_headers:
+            allowed = self.max_header_bytes - self._header_bytes  # header bytes this read may still bring
             self._header_bytes += len(data)
+            if self._header_bytes > self.max_header_bytes and not self._headers_end_within(data, allowed):
+                self._refuse_headers()
+                return
+            self._header_tail = (self._header_tail + data[-3:])[-3:]
         super().data_received(data)
-        # Checked after parsing: bytes that completed the headers in this read may include body.
-        if self._in_headers and self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
+        # After parsing too: where a read ended the headers within the bound and the next request's
+        # headers follow in the same read (pipelined), they were counted from the read's start.
+        if self._in_headers and self._header_bytes > self.max_header_bytes:
+            self._refuse_headers()
+
+    def _headers_end_within(self, data: bytes, allowed: int) -> bool:
+        """Whether the blank line that ends the headers lies within the first ``allowed`` bytes of
+        ``data`` (the rest of the read may be body): only reads that cross the bound ask."""
+        if allowed <= 0:
+            return False
+        window = self._header_tail + data[:allowed]
+        return b"\r\n\r\n" in window or b"\n\n" in window
+
+    def _refuse_headers(self) -> None:
+        if not self.transport.is_closing():
             self._refuse(431, "headers_too_large", f"the request line and headers exceed {self.max_header_bytes} bytes")
 
     def send_400_response(self, msg: str) -> None:
@@ -317,6 +345,7 @@ class _BoundedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._header_bytes = 0
+        self._header_tail = b""
         super().on_headers_complete()
         if self.cycle is not None and self.cycle.scope is self.scope:
             cycle = self.cycle
@@ -337,6 +366,7 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._cancel_deadline()
         self._in_headers = True
         self._header_bytes = 0
+        self._header_tail = b""
         super().on_message_complete()
         if self._sink is not None:
             self._sink.wake()
@@ -410,7 +440,7 @@ class _BoundedProtocol(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True  # the app's receive() now reports a disconnect
             self.cycle.message_event.set()
-        self.transport.write(_error_bytes(status, code, message))
+        self.transport.write(_error_bytes(status, code, message, _client_request_id(self.headers)))
         self.transport.close()
         self._in_headers = False
         log.info("%d %s", status, code, extra={"status": status, "code": code, "client": self.client})

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from service.errors import invalid
+from service.errors import brief, invalid
 
 __all__ = ["IGNORED", "Control", "earliest", "take_control"]
 
@@ -33,7 +33,7 @@ class Control:
 
 def _count(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise invalid("invalid_option", f"{key}: expected a non-negative integer, got {value!r}")
+        raise invalid("invalid_option", f"{key}: expected a non-negative integer, got {brief(value)}")
     return value
 
 

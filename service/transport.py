@@ -15,7 +15,7 @@ from starlette.types import Receive, Scope, Send
 from service.bodies import BodyPool
 from service.codec import HEADER_LENGTH, EncodedBody
 from service.compression import Inflater, inflater_for
-from service.errors import ServiceError, bad_request
+from service.errors import ServiceError, bad_request, brief
 from service.footprint import BODY_FACTOR
 from service.middleware import reservation_of
 from service.protocol import BODY_SINK, READ_STARTED, BodySink
@@ -52,7 +52,7 @@ def request_format(request: Request) -> tuple[Literal["json", "binary"], str | N
         raise ServiceError(
             415,
             "unsupported_media_type",
-            f"content type {content_type!r} is not supported: send application/json, or application/octet-stream "
+            f"content type {brief(content_type)} is not supported: send application/json, or application/octet-stream "
             "with Inference-Header-Content-Length",
         )
     if header_length is not None:

@@ -105,7 +105,10 @@ def _connection_options(defaults: bool) -> argparse.ArgumentParser:
     )
     common.add_argument("--timeout", type=float, default=default(600.0), help="seconds per request (default 600)")
     common.add_argument(
-        "--retries", type=int, default=default(2), help="retries on connection errors, 429 and 503 (default 2)"
+        "--retries",
+        type=int,
+        default=default(2),
+        help="retries on connection errors, 429, 502, 503 and 504 (default 2)",
     )
     common.add_argument(
         "--progress",

@@ -84,6 +84,19 @@ def test_compose_shows_every_setting_with_its_default():
         ), (name, default, value)
 
 
+def test_compose_settings_start_a_service_as_compose_passes_them(monkeypatch):
+    """x-lu-settings as the service gets them from compose on a host that sets none of the variables
+    (``${VAR:-default}`` is the default): valid settings, not an exit 2 at start."""
+    import re
+
+    from service.config import Settings
+
+    for name, value in _compose()["x-lu-settings"].items():
+        monkeypatch.setenv(name, re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", str(value)))
+    settings = Settings()
+    assert settings.api_key is None and settings.api_keys == ()  # "${LU_API_KEY:-}": no authentication
+
+
 def test_compose_reserves_gpus_and_pins_one_replica_per_gpu():
     services = _compose()["services"]
     device = services["lu"]["deploy"]["resources"]["reservations"]["devices"][0]

@@ -57,6 +57,11 @@ async def test_lu_rcond_scalar_anorm_as_a_json_number(client, rng):
     r = await client.post("/lu_rcond", json={"LU": LU.tolist(), "pivots": piv.tolist(), "anorm": 3.5})
     assert r.status_code == 200, r.text
     np.testing.assert_array_equal(r.json()["rcond"]["data"], lu_core.lu_rcond(LU, piv, 3.5))
+    for spelled, value in (("Infinity", np.inf), ("NaN", np.nan)):  # a scalar in the non-finite spellings
+        r = await client.post("/lu_rcond", json={"LU": LU.tolist(), "pivots": piv.tolist(), "anorm": spelled})
+        assert r.status_code == 200, r.text
+        got = np.array([np.nan if v == "NaN" else v for v in r.json()["rcond"]["data"]], dtype=np.float64)
+        np.testing.assert_array_equal(got, lu_core.lu_rcond(LU, piv, value))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

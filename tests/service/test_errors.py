@@ -35,6 +35,11 @@ def assert_error(r, status: int, code: str) -> dict:
         ("/lu_factor", b'{"A": [[1, null], [3, 4]]}', 400, "malformed_tensor"),
         ("/lu_factor", b'{"A": "abc"}', 400, "malformed_tensor"),
         ("/lu_factor", b'{"A": {"shape": [2, 2], "data": [1, 2, 3]}}', 400, "shape_mismatch"),
+        ("/det", b'{"A": {"shape": [2, 2], "data": [[1, 2, 3, 4]]}}', 400, "shape_mismatch"),  # nested otherwise
+        ("/det", b'{"A": {"shape": [2, 2], "data": [[1, 2], [3, 4], [5, 6]]}}', 400, "shape_mismatch"),
+        ("/det", b'{"A": {"shape": [4, 1], "data": [[1, 2], [3, 4]]}}', 400, "shape_mismatch"),
+        ("/v2/models/det/infer", b'{"inputs": [{"name": "A", "shape": [2, 2], "datatype": "FP64", "data": [[1, 2, 3, 4]]}]}', 400, "shape_mismatch"),
+        ("/lu_rcond", b'{"LU": [[3, 4], [0.5, 1]], "pivots": [2, 2], "anorm": "many"}', 400, "malformed_tensor"),
         ("/lu_factor", b'{"A": {"shape": [2, -2], "data": []}}', 400, "malformed_tensor"),
         ("/lu_factor", b'{"A": {"data": [1], "extra": 1}}', 400, "malformed_tensor"),
         ("/lu_factor", b'{"A": {"shape": [2, 2]}}', 400, "malformed_tensor"),
@@ -213,11 +218,15 @@ async def test_every_made_up_request_id_comes_from_one_helper(client, monkeypatc
     """The middleware's ids and those of the protocol's own refusals (408, 431, 400 before any request
     object exists) are made alike: 128 random bits in hex."""
     import service.context
-    from service.protocol import _error_bytes
+    from service.protocol import _client_request_id, _error_bytes
 
     monkeypatch.setattr(service.context, "getrandbits", lambda k: int.from_bytes(bytes(range(k // 8)), "big"))
     made = bytes(range(16)).hex()
     r = await client.post("/lu_factor", content=b"{")
     assert r.headers["x-request-id"] == r.json()["request_id"] == made
-    refusal = _error_bytes(408, "request_timeout", "slow")
-    assert json.loads(refusal.partition(b"\r\n\r\n")[2])["request_id"] == made
+    refusal = _error_bytes(408, "request_timeout", "slow", _client_request_id(None))
+    head, _, body = refusal.partition(b"\r\n\r\n")
+    assert json.loads(body)["request_id"] == made and f"x-request-id: {made}".encode() in head
+    given = [(b"Host", b"x"), (b"X-Request-ID", b"trace-9")]
+    assert _client_request_id(given) == "trace-9"  # the client's, where its headers got that far
+    assert _client_request_id([(b"x-request-id", b"bad id\x00")]) == made  # not well-formed: a new one

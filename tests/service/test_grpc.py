@@ -154,6 +154,10 @@ BAD_REQUESTS = [
     (_request("lu_factor", A=("FP64", [2, 2], np.array([[1, np.nan], [np.inf, 1]]).tobytes())), "OK", ""),
     (_request("lu_factor", A=("FP64", [1 << 20, 1 << 20], EYE)), "RESOURCE_EXHAUSTED", "too_many_elements"),
     (_request("lu_unpack", LU=("FP64", [3000, 1], bytes(24000)), pivots=("INT32", [1], bytes(4))), "INVALID_ARGUMENT", "output_too_large"),
+    # An empty tensor's other dimensions count (as over HTTP), before any array is made of them.
+    (_request("det", A=("FP64", [1 << 62, 0, 0], b"")), "RESOURCE_EXHAUSTED", "too_many_elements"),
+    (_request("det", A=("FP64", [1 << 40, 0, 0], b"")), "RESOURCE_EXHAUSTED", "too_many_elements"),
+    (_request("x" * 100_000, A=("FP64", [2, 2], EYE)), "NOT_FOUND", "unknown_model"),  # quoted briefly: fits the trailers
 ]  # fmt: skip
 
 
@@ -166,6 +170,8 @@ BAD_REQUESTS += [
     (_with(_request("lu_factor", A=("FP64", [2, 2], EYE)), lambda r: r.raw_input_contents.append(b"")), "INVALID_ARGUMENT", "malformed_body"),
     (_with(_request("lu_factor", A=("FP64", [2, 2], EYE)), lambda r: r.parameters["pivto"].CopyFrom(pb.InferParameter(bool_param=True))), "INVALID_ARGUMENT", "unknown_option"),
     (_with(_request("lu_factor", A=("FP64", [2, 2], EYE)), lambda r: r.parameters["pivot"].CopyFrom(pb.InferParameter(string_param="yes"))), "INVALID_ARGUMENT", "invalid_option"),
+    (_with(_request("lu_factor", A=("FP64", [2, 2], EYE)), lambda r: r.parameters["timeout"].CopyFrom(pb.InferParameter(string_param="x" * 100_000))), "INVALID_ARGUMENT", "invalid_option"),
+    (_with(pb.ModelInferRequest(model_name="det"), lambda r: r.inputs.add(name="A", datatype="FP64", shape=[1 << 62, 0, 0])), "RESOURCE_EXHAUSTED", "too_many_elements"),
     (_with(_request("lu_factor", A=("FP64", [2, 2], EYE)), lambda r: r.outputs.add(name="X")), "INVALID_ARGUMENT", "unknown_output"),
     (_with(pb.ModelInferRequest(model_name="lu_factor"), lambda r: r.inputs.add(name="A", datatype="FP64", shape=[2, 2]).contents.fp64_contents.extend([1.0])), "INVALID_ARGUMENT", "shape_mismatch"),
     (_with(pb.ModelInferRequest(model_name="lu_factor"), lambda r: r.inputs.add(name="A", datatype="INT8", shape=[1, 1]).contents.int_contents.extend([300])), "INVALID_ARGUMENT", "malformed_tensor"),
@@ -275,6 +281,46 @@ async def test_grpc_messages_are_reserved_against_the_in_flight_budget(make_grpc
             break
         await asyncio.sleep(0.01)
     assert http.app.state.budget.in_use == 0 and http.app.state.budget.peak > 64 * 64 * 8
+
+
+async def _finish(call) -> None:
+    """Await a unary call, or read a streaming one to its end."""
+    if hasattr(call, "__aiter__"):
+        async for _ in call:
+            pass
+    else:
+        await call
+
+
+async def test_the_rpcs_not_served_are_unimplemented_like_any_other_error(make_grpc, caplog):
+    """Every RPC of the protocol answers: the ones this service does not serve (configuration,
+    statistics, repository, shared memory, tracing, logging, streaming) UNIMPLEMENTED with the error
+    code, request id, access log line and metrics of any RPC, never a logged traceback; behind the
+    API key like the others."""
+    from service.grpc_server import UNSERVED
+
+    http, _, stub = await make_grpc(api_key="k")
+    auth = (("authorization", "Bearer k"),)
+    calls = {
+        "ModelConfig": lambda md: stub.ModelConfig(pb.ModelConfigRequest(name="solve"), metadata=md),
+        "ModelStatistics": lambda md: stub.ModelStatistics(pb.ModelStatisticsRequest(name="solve"), metadata=md),
+        "RepositoryIndex": lambda md: stub.RepositoryIndex(pb.RepositoryIndexRequest(), metadata=md),
+        "ModelStreamInfer": lambda md: stub.ModelStreamInfer(iter([pb.ModelInferRequest(model_name="det")]), metadata=md),
+    }  # fmt: skip
+    assert set(calls) <= set(UNSERVED)
+    caplog.set_level("INFO")
+    for method, call in calls.items():
+        for metadata, code in ((auth, "not_implemented"), ((), "unauthorized")):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await _finish(call(metadata))
+            want = grpc.StatusCode.UNIMPLEMENTED if code == "not_implemented" else grpc.StatusCode.UNAUTHENTICATED
+            assert info.value.code() == want, (method, info.value.details())
+            assert ("lu-error-code", code) in tuple(info.value.trailing_metadata())
+    assert not [r for r in caplog.records if r.levelno >= 30], [r.getMessage() for r in caplog.records]
+    access = [r.getMessage() for r in caplog.records if r.name == "service.access"]
+    assert sum("ModelConfig UNIMPLEMENTED" in m for m in access) == 1, access
+    metrics = (await http.get("/metrics", headers={"authorization": "Bearer k"})).text
+    assert 'endpoint="/inference.GRPCInferenceService/ModelStatistics",method="gRPC",status="UNIMPLEMENTED"' in metrics
 
 
 def test_the_status_table_never_says_unknown_for_input():

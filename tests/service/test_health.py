@@ -164,6 +164,8 @@ def test_settings_come_from_lu_environment(monkeypatch):
     monkeypatch.setenv("LU_API_KEY", " , ")
     with pytest.raises(ValueError, match="no key"):
         Settings()
+    monkeypatch.setenv("LU_API_KEY", " ")  # blank, as compose passes an unset one: no authentication
+    assert Settings().api_keys == ()
 
 
 def test_gpu_without_a_gpu_fails_and_auto_falls_back(monkeypatch):

@@ -138,10 +138,37 @@ def test_trickling_body_is_cut_off_at_the_deadline(server):
 
 def test_oversized_headers_get_431(server):
     sock = connect(server)
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n")
-    status, _, body = parse_response(read_until_closed(sock))
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Request-ID: t-431\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n")
+    status, headers, body = parse_response(read_until_closed(sock))
     assert (status, body["code"]) == (431, "headers_too_large")
+    # Every answer carries its id (here a new one: the read was refused before the parser saw the client's).
+    assert headers["x-request-id"] == body["request_id"]
     sock.close()
+
+
+def _solve_with_headers(server: Server, header_section: int, url_pad: int = 0) -> int:
+    """Status of a /solve whose request line and headers (blank line included) take ``header_section``
+    bytes, sent in one write with its body: the headers end inside the read that crosses the bound."""
+    body = b'{"A": [[2.0]], "B": [4.0]}'
+    head = (
+        b"POST /solve?" + b"p" * url_pad + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\nX-Pad: "
+    )
+    pad = header_section - len(head) - len(b"\r\n\r\n")
+    sock = connect(server)
+    sock.sendall(head + b"a" * pad + b"\r\n\r\n" + body)
+    status, _, _ = parse_response(read_until_closed(sock))
+    sock.close()
+    return status
+
+
+def test_the_header_bound_holds_when_the_headers_end_in_the_read_that_crosses_it(server):
+    """LU_MAX_HEADER_BYTES (8192 here) to the byte, whether or not the body comes in the same read as
+    the end of the headers, and for a long request line too (431, not a parser's 400)."""
+    assert _solve_with_headers(server, 8192) == 200
+    assert _solve_with_headers(server, 8193) == 431
+    assert _solve_with_headers(server, 12_000) == 431
+    assert _solve_with_headers(server, 9000, url_pad=8500) == 431
 
 
 def test_a_body_refused_early_is_discarded_and_the_connection_goes_on(server):

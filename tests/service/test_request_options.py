@@ -48,6 +48,18 @@ def test_control_values_must_be_non_negative_integers(key, bad):
     assert info.value.status == 422 and info.value.code == "invalid_option"
 
 
+@pytest.mark.parametrize("key", ["timeout", "priority"])
+def test_a_bad_control_value_is_quoted_briefly(key):
+    """The client's value appears in the error cut short (``errors.brief``), however long or deep."""
+    deep: object = 1
+    for _ in range(900):
+        deep = [deep]
+    for bad in ("x" * 1_000_000, deep, {str(i): i for i in range(10_000)}):
+        with pytest.raises(Exception, match=key) as info:
+            take_control({key: bad})
+        assert info.value.code == "invalid_option" and len(str(info.value)) < 300
+
+
 async def test_v2_json_and_binary_and_native_accept_every_triton_key(client):
     r = await client.post("/v2/models/solve/infer", json={**V2_SOLVE, "parameters": {**TRITON_KEYS, "left": True}})
     assert r.status_code == 200, r.text
