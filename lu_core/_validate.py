@@ -70,3 +70,28 @@ def check_pivots_shape(pivots_shape: tuple[int, ...], lu_shape: tuple[int, ...])
             "pivots",
             f"expected shape {expected} for LU of shape {tuple(lu_shape)}, got {tuple(pivots_shape)}",
         )
+
+
+def direct_solve_shape(
+    LU: Any, pivots: Any, B: Any, array_type: type, dtypes: frozenset, pivot_dtypes: frozenset
+) -> tuple[tuple[int, ...], int, int] | None:
+    """``(batch, n, nrhs)`` where ``lu_solve(LU, pivots, B)`` needs none of the general path's work: exact
+    ``array_type`` arrays, ``LU`` square of a dtype in ``dtypes``, ``B`` of its dtype and batch (no
+    broadcasting), ``pivots`` of a dtype in ``pivot_dtypes`` and shape ``(*batch, n)``, no empty size;
+    None otherwise (the general path then reports whatever is wrong). The backends' ``solve_direct``
+    share it and add their own conditions (sizes, layouts)."""
+    if type(LU) is not array_type or type(pivots) is not array_type or type(B) is not array_type:
+        return None
+    nd = LU.ndim
+    if nd < 2 or B.ndim != nd or pivots.ndim != nd - 1:
+        return None
+    dt = LU.dtype
+    if B.dtype != dt or dt not in dtypes or pivots.dtype not in pivot_dtypes:
+        return None
+    n, nrhs = B.shape[-2:]
+    batch = tuple(LU.shape[:-2])
+    if LU.shape[-2:] != (n, n) or tuple(B.shape[:-2]) != batch or tuple(pivots.shape) != (*batch, n):
+        return None
+    if not n or not nrhs or 0 in batch:
+        return None
+    return batch, n, nrhs

@@ -74,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
             exc.strerror or exc,
         )
         return EXIT_LISTEN
-    log.info("listening on http://%s:%d", settings.host, sock.getsockname()[1])
+    log.info(
+        "listening on http://%s:%d (authentication %s)",
+        settings.host,
+        sock.getsockname()[1],
+        f"on: {len(settings.api_keys)} key(s)" if settings.api_keys else "off: LU_API_KEY unset or empty",
+    )
 
     # Imported here, after the port is ours: these take seconds on a cold start.
     import uvicorn

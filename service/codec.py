@@ -180,8 +180,13 @@ class _Budget:
             )
 
 
-def _typed_tensor(name: str, dtype: np.dtype, shape: tuple[int, ...] | None, data: Any, budget: _Budget) -> np.ndarray:
-    """``data`` (flat or nested, complex as [re, im]) as ``dtype``, checked against ``shape``."""
+def _typed_tensor(
+    name: str, dtype: np.dtype, shape: tuple[int, ...] | None, data: Any, budget: _Budget, nesting: bool = False
+) -> np.ndarray:
+    """``data`` (flat or nested, complex as [re, im]) as ``dtype``, checked against ``shape``: its element
+    count, and with ``nesting`` (the native form) the nesting of nested data too, up to dimensions of
+    one. The OIP forms count elements only, as Triton does (its parser walks nested data in row-major
+    order whatever the nesting)."""
     count = math.prod(shape) if shape is not None else None
     if shape is not None:
         budget.take(name, work_elements(shape))
@@ -207,7 +212,7 @@ def _typed_tensor(name: str, dtype: np.dtype, shape: tuple[int, ...] | None, dat
         raise bad_request(
             "shape_mismatch", f"{name}: declared shape {list(shape)} holds {count} elements, data holds {arr.size}"
         )
-    elif arr.ndim > 1 and arr.size and _squeezed(arr.shape) != _squeezed(shape):
+    elif nesting and arr.ndim > 1 and arr.size and _squeezed(arr.shape) != _squeezed(shape):
         # Nested data: its nesting is a shape too, and must be the one declared (up to dimensions of one).
         raise bad_request(
             "shape_mismatch",
@@ -242,7 +247,7 @@ def _json_tensor(name: str, value: Any, default: np.dtype, budget: _Budget) -> n
         if not isinstance(dtype_name, str) or dtype_name not in JSON_DTYPES:
             raise invalid("invalid_dtype", f"{name}: dtype {brief(dtype_name)} is not one of {', '.join(JSON_DTYPES)}")
         shape = _shape(name, value["shape"]) if "shape" in value else None
-        return _typed_tensor(name, np.dtype(dtype_name), shape, value["data"], budget)
+        return _typed_tensor(name, np.dtype(dtype_name), shape, value["data"], budget, nesting=True)
     raise bad_request("malformed_tensor", f"{name}: expected a nested list or a {{dtype, shape, data}} object")
 
 

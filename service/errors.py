@@ -36,8 +36,15 @@ def brief(value: Any) -> str:
     return _BRIEF.repr(value)
 
 
+#: The longest error message: client data is quoted briefly where it is quoted (``brief``), and this
+#: bounds the rest (names a client chose, lists of them), so an answer, or a gRPC call's trailing
+#: metadata, stays small whatever a request held.
+MAX_MESSAGE = 1024
+
+
 class ServiceError(Exception):
-    """An error with its HTTP status, stable ``code`` and optional extra fields."""
+    """An error with its HTTP status, stable ``code`` and optional extra fields (the message cut at
+    :data:`MAX_MESSAGE` characters)."""
 
     def __init__(
         self,
@@ -48,6 +55,8 @@ class ServiceError(Exception):
         headers: dict[str, str] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
+        if len(message) > MAX_MESSAGE:
+            message = message[: MAX_MESSAGE - 3] + "..."
         super().__init__(message)
         self.status = status
         self.code = code

@@ -280,6 +280,8 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._body_bytes = 0
         self._header_bytes = 0
         self._header_tail = b""  # the last bytes of the headers so far: their end may span two reads
+        self._deferred_refusal: tuple[int, str, str] | None = None  # a 400 owed after the answers before it
+        self._message_open = False  # between a request's first byte and its end: self.headers are its own
         # True from the end of a request's body (or the connection's start) until the next request's
         # headers are complete: the bytes that arrive then are headers, bounded by max_header_bytes.
         self._in_headers = True
@@ -300,6 +302,8 @@ class _BoundedProtocol(HttpToolsProtocol):
             self._sink.wake()
 
     def data_received(self, data: bytes) -> None:
+        if self._deferred_refusal is not None:
+            return  # the stream is already unparsable: only the answers owed before it are still sent
         if self._in_headers:
             allowed = self.max_header_bytes - self._header_bytes  # header bytes this read may still bring
             self._header_bytes += len(data)
@@ -308,10 +312,9 @@ class _BoundedProtocol(HttpToolsProtocol):
                 return
             self._header_tail = (self._header_tail + data[-3:])[-3:]
         super().data_received(data)
-        # After parsing too: where a read ended the headers within the bound and the next request's
-        # headers follow in the same read (pipelined), they were counted from the read's start.
-        if self._in_headers and self._header_bytes > self.max_header_bytes:
-            self._refuse_headers()
+        # Requests pipelined after another in one read are not counted from where they start (the parser
+        # does not say where that is): their headers are bounded from their next read on, so a read's
+        # worth (uvloop's up to 256 KiB) may go over. A request's own first headers are counted exactly.
 
     def _headers_end_within(self, data: bytes, allowed: int) -> bool:
         """Whether the blank line that ends the headers lies within the first ``allowed`` bytes of
@@ -326,12 +329,23 @@ class _BoundedProtocol(HttpToolsProtocol):
             self._refuse(431, "headers_too_large", f"the request line and headers exceed {self.max_header_bytes} bytes")
 
     def send_400_response(self, msg: str) -> None:
-        self._refuse(400, "malformed_request", f"not a valid HTTP/1.1 request: {msg}")
+        refusal = (400, "malformed_request", f"not a valid HTTP/1.1 request: {msg}")
+        if self._answers_owed():
+            # Pipelined behind requests still being answered: they are answered first, in order, then this
+            # refusal, then the connection closes; nothing more is read or parsed meanwhile.
+            self._deferred_refusal = refusal
+            self._cancel_deadline()
+            return
+        self._refuse(*refusal)
+
+    def _answers_owed(self) -> bool:
+        return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
 
     # ------------------------------------------------------------------ parser callbacks
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._message_open = True
         # A request has begun: the connection is not idle (its bytes may have come in the same read
         # that ended the previous request's body, after which on_message_complete armed the timer).
         self._unset_keepalive_if_required()
@@ -367,6 +381,7 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._in_headers = True
         self._header_bytes = 0
         self._header_tail = b""
+        self._message_open = False
         super().on_message_complete()
         if self._sink is not None:
             self._sink.wake()
@@ -376,8 +391,11 @@ class _BoundedProtocol(HttpToolsProtocol):
             self.timeout_keep_alive_task = self.loop.call_later(self.keep_alive_s, self.timeout_keep_alive_handler)
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self._in_headers:
+        super().on_response_complete()  # (starts the next pipelined request, if any)
+        if self._deferred_refusal is not None and not self._answers_owed():
+            refusal, self._deferred_refusal = self._deferred_refusal, None
+            self._refuse(*refusal)
+        elif not self._in_headers:
             # The request's body is still arriving (an early answer): it is not idle, and the read
             # deadline, not the keep-alive timer, bounds what remains.
             self._unset_keepalive_if_required()
@@ -440,7 +458,9 @@ class _BoundedProtocol(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True  # the app's receive() now reports a disconnect
             self.cycle.message_event.set()
-        self.transport.write(_error_bytes(status, code, message, _client_request_id(self.headers)))
+        self.transport.write(
+            _error_bytes(status, code, message, _client_request_id(self.headers if self._message_open else None))
+        )
         self.transport.close()
         self._in_headers = False
         log.info("%d %s", status, code, extra={"status": status, "code": code, "client": self.client})

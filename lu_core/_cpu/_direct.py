@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from lu_core._cpu import _kernels
+from lu_core._validate import direct_solve_shape
 
 _DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
 _PIVOT_DTYPES = frozenset((np.dtype(np.int32), np.dtype(np.int64)))
@@ -46,20 +47,13 @@ def solve_direct(LU: Any, pivots: Any, B: Any) -> np.ndarray | None:
     """``lu_solve(LU, pivots, B)`` (left, not adjoint, unchecked) for factorizations as ``lu_factor``
     returns them (each column-major) and right-hand sides of their dtype and batch (no broadcasting),
     by the batched kernel, with the general path's choice of twin."""
-    if type(LU) is not np.ndarray or type(pivots) is not np.ndarray or type(B) is not np.ndarray:
+    shape = direct_solve_shape(LU, pivots, B, np.ndarray, _DTYPES, _PIVOT_DTYPES)
+    if shape is None:
         return None
-    nd = LU.ndim
-    if nd < 2 or B.ndim != nd or pivots.ndim != nd - 1:
-        return None
+    batch, n, nrhs = shape
     dt = LU.dtype
-    if B.dtype != dt or dt not in _DTYPES or pivots.dtype not in _PIVOT_DTYPES:
-        return None
-    n, nrhs = B.shape[-2:]
-    batch = LU.shape[:-2]
-    if LU.shape[-2:] != (n, n) or B.shape[:-2] != batch or pivots.shape != (*batch, n):
-        return None
     nprob = math.prod(batch)
-    if not nprob or not n or not nrhs or not _backend._solve_by_kernel(n, nrhs, dt):
+    if not _backend._solve_by_kernel(n, nrhs, dt):
         return None
     s = LU.swapaxes(-1, -2)  # the factors in the kernels' storage: a view when each LU is column-major
     if not s.flags.c_contiguous:

@@ -28,6 +28,7 @@ nothing up.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -35,7 +36,7 @@ import cupy as cp
 import numpy as np
 
 from lu_core._batching import broadcast_index
-from lu_core._gpu import _launch, _libs, _sources, _tuning
+from lu_core._gpu import _factor, _launch, _libs, _sources, _tuning
 from lu_core._gpu._broadcast import (
     MAX_TERMS,
     block_offsets,
@@ -48,9 +49,11 @@ from lu_core._gpu._constants import on_device
 from lu_core._gpu._launch import Indexed
 from lu_core._gpu._libs import cublas, cusolver
 from lu_core._gpu._pivots import no_bad_yet, permutations, raise_if_bad
+from lu_core._validate import direct_solve_shape
 
 _N, _T, _C = 0, 1, 2  # op(A): A, A^T, A^H (our kernels' codes)
 _DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
+_INT32 = frozenset((np.dtype(np.int32),))
 _CUBLAS_OP = {_N: "CUBLAS_OP_N", _T: "CUBLAS_OP_T", _C: "CUBLAS_OP_C"}
 
 
@@ -81,17 +84,25 @@ def _offsets(
         rhs = cp.ascontiguousarray(rhs)
         strides = element_strides(rhs.strides, rhs.dtype.itemsize)
     batch = tuple(rhs.shape[:-2])
-    step = uniform_step(offset_terms(batch, strides[:-2], out_batch), nprob) if steps else None
+    terms = offset_terms(batch, strides[:-2], out_batch) if steps else None
+    step = uniform_step(terms, nprob) if terms is not None else None
     if step is not None:
         return rhs, Indexed(None, step), strides[-2], strides[-1]
-    offsets = _from_terms(lambda: offset_terms(batch, strides[:-2], out_batch), nprob)
+    offsets = _from_terms(lambda: terms if terms is not None else offset_terms(batch, strides[:-2], out_batch), nprob)
     if offsets is None:
         offsets = on_device(block_offsets(batch, strides[:-2], out_batch))
     return rhs, Indexed(offsets, 0), strides[-2], strides[-1]
 
 
-_SPARE = np.zeros(1, dtype=np.int64)  # small_getrs' argument for an index it is not given (never touched)
-_NO_FLAG = np.zeros(1, dtype=np.uint64)  # ... and for first_bad where it checks no pivots
+_ONE_EACH = Indexed(None, 1)  # problem t uses factorization t
+
+
+@functools.cache
+def _placeholders(device_id: int) -> tuple[cp.ndarray, cp.ndarray]:
+    """``small_getrs``' arguments for an index it is not given and for ``first_bad`` where no pivot can
+    be bad: never read or written, kept on the device (``_constants``), looked up once per device."""
+    with cp.cuda.Device(device_id):
+        return on_device(np.zeros(1, dtype=np.int64)), on_device(np.zeros(1, dtype=np.uint64))
 
 
 def lu_solve(
@@ -127,7 +138,7 @@ def lu_solve(
     path = _tuning.solve_path(n, nprob, nrhs)
     if path == "own":  # one launch: B read where it is, conjugated in and out where needed
         lu_at = _lu_at(lu_index, tuple(lu.shape[:-2]), out_batch, nprob)
-        _small(s, piv0, lu_at, rhs, out_batch, w3, op, conj_io, checked=False)
+        _small(s, piv0, lu_at, rhs, out_batch, w3, op, conj_io)
         return w.swapaxes(-1, -2) if left else w
     _libs.check_int32("LU", n, n)  # the libraries index with 32-bit integers; our kernel does not
     _libs.check_int32("B", n, nrhs)
@@ -195,19 +206,22 @@ def _small(
     out_batch: tuple[int, ...],
     w3: cp.ndarray,
     op: int,
-    conjugate: bool,
-    checked: bool,
-) -> cp.ndarray | None:
-    """``small_getrs`` from ``rhs`` (``(*batch, nrhs, n)``, broadcast to ``out_batch``) into ``w3``;
-    ``checked``: ``piv`` are the user's 1-based pivots, checked by the kernel, and the flag it wrote
-    is returned for :func:`raise_if_bad`."""
+    conjugate: bool = False,
+    *,
+    one_based: bool = False,
+    first_bad: cp.ndarray | None = None,
+) -> None:
+    """``small_getrs`` from ``rhs`` (``(*batch, nrhs, n)``, broadcast to ``out_batch``) into ``w3``.
+    ``one_based``: ``piv`` holds LAPACK's 1-based pivots as they are, range-checked by the kernel, which
+    writes the first bad one's flat index to ``first_bad`` (:func:`no_bad_yet`'s, for
+    :func:`raise_if_bad`); without ``first_bad``, pivots known to be in range (``lu_core``'s own)."""
     src, b_at, s_rhs, s_row = _offsets(rhs, out_batch, w3.shape[0], steps=True)
-    first_bad = no_bad_yet() if checked else on_device(_NO_FLAG)
+    spare, no_flag = _placeholders(cp.cuda.runtime.getDevice())
     launch = _launch.small_getrs(
-        s, piv, lu_at, src, b_at, s_rhs, s_row, w3, op, first_bad=first_bad, checked=checked, spare=on_device(_SPARE)
-    )
+        s, piv, lu_at, src, b_at, s_rhs, s_row, w3, op,
+        first_bad=no_flag if first_bad is None else first_bad, checked=one_based, spare=spare, conjugate=conjugate,
+    )  # fmt: skip
     _sources.run(launch)
-    return first_bad if checked else None
 
 
 def solve_direct(LU: object, pivots: object, B: object) -> cp.ndarray | None:
@@ -217,20 +231,13 @@ def solve_direct(LU: object, pivots: object, B: object) -> cp.ndarray | None:
     the kernel reads the user's pivots as they are and range-checks them itself (no ``check_pivots``
     launch, no converted copy), then raises as the general path would. The general path's launch
     (the same kernel, the same arithmetic): the same bits. Anything else: None."""
-    if type(LU) is not cp.ndarray or type(pivots) is not cp.ndarray or type(B) is not cp.ndarray:
+    shape = direct_solve_shape(LU, pivots, B, cp.ndarray, _DTYPES, _INT32)
+    if shape is None:
         return None
-    nd = LU.ndim
-    if nd < 2 or B.ndim != nd or pivots.ndim != nd - 1:
-        return None
+    batch, n, nrhs = shape
     dt = LU.dtype
-    if B.dtype != dt or dt not in _DTYPES or pivots.dtype != np.int32:
-        return None
-    n, nrhs = B.shape[-2:]
-    batch = LU.shape[:-2]
-    if LU.shape[-2:] != (n, n) or B.shape[:-2] != batch or pivots.shape != (*batch, n):
-        return None
     nprob = math.prod(batch)
-    if not nprob or not n or not nrhs or _tuning.solve_path(n, nprob, nrhs) != "own":
+    if _tuning.solve_path(n, nprob, nrhs) != "own":
         return None
     device = LU.device
     s = LU.swapaxes(-1, -2)  # the factors as the kernel reads them: a view when each LU is column-major
@@ -242,20 +249,51 @@ def solve_direct(LU: object, pivots: object, B: object) -> cp.ndarray | None:
         return None
     with device:
         w = cp.empty((*batch, nrhs, n), dtype=dt)
-        w3 = w.reshape(nprob, nrhs, n)
-        first_bad = _small(
+        first_bad = no_bad_yet()
+        piv1 = pivots.reshape(nprob, n)
+        rhs = B.swapaxes(-1, -2)
+        _small(
             s.reshape(nprob, n, n),
-            pivots.reshape(nprob, n),
-            Indexed(None, 1),
-            B.swapaxes(-1, -2),
+            piv1,
+            _ONE_EACH,
+            rhs,
             batch,
-            w3,
+            w.reshape(nprob, nrhs, n),
             _N,
-            False,
-            True,
+            one_based=True,
+            first_bad=first_bad,
         )
         raise_if_bad(first_bad, pivots, n)
     return w.swapaxes(-1, -2)
+
+
+def solve_fused(
+    a: cp.ndarray, b: cp.ndarray, out_batch: tuple[int, ...], left: bool
+) -> tuple[cp.ndarray, cp.ndarray] | None:
+    """``solve(A, B)``'s ``(X, info)`` in two launches where our kernels both factor and solve (``n <=
+    32``): ``small_getrf``, then ``small_getrs`` on the 1-based pivots it wrote (always in range: no
+    converted copy, no flag to read back), B read where it is. The general path's kernels on the same
+    data: the same bits. None elsewhere (other dtypes, empty sizes, the libraries' paths)."""
+    n = a.shape[-1]
+    dt = a.dtype
+    rhs = b.swapaxes(-1, -2) if left else b  # (*batch, nrhs, n): X A = B is A^T X^T = B^T
+    nrhs = rhs.shape[-2]
+    batch = tuple(a.shape[:-2])
+    nb, nprob = math.prod(batch), math.prod(out_batch)
+    if b.dtype != dt or dt not in _DTYPES or not (nb and n and nprob and nrhs) or b.device.id != a.device.id:
+        return None
+    if _tuning.solve_path(n, nprob, nrhs) != "own" or not _tuning.own_kernel(n, n, dt):
+        return None
+    with a.device:
+        lu, piv, info = _factor.lu_factor_ex(a, True)
+        s = lu.reshape(nb, n, n).swapaxes(1, 2)  # lu_factor_ex's storage: column-major per matrix, a view
+        s = s if s.flags.c_contiguous else cp.ascontiguousarray(s)  # (were it ever a copy: back to its layout)
+        w = cp.empty((*out_batch, nrhs, n), dtype=dt)
+        lu_at = _lu_at(None, batch, out_batch, nprob)
+        _small(
+            s, piv.reshape(nb, n), lu_at, rhs, out_batch, w.reshape(nprob, nrhs, n), _N if left else _T, one_based=True
+        )
+    return (w.swapaxes(-1, -2) if left else w), info
 
 
 def _pointers(base: cp.ndarray, index: cp.ndarray, step_bytes: int) -> cp.ndarray:

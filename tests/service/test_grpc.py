@@ -158,6 +158,7 @@ BAD_REQUESTS = [
     (_request("det", A=("FP64", [1 << 62, 0, 0], b"")), "RESOURCE_EXHAUSTED", "too_many_elements"),
     (_request("det", A=("FP64", [1 << 40, 0, 0], b"")), "RESOURCE_EXHAUSTED", "too_many_elements"),
     (_request("x" * 100_000, A=("FP64", [2, 2], EYE)), "NOT_FOUND", "unknown_model"),  # quoted briefly: fits the trailers
+    (_request("det", **{"x" * 100_000: ("FP64", [2, 2], EYE[:8])}), "INVALID_ARGUMENT", "shape_mismatch"),  # a long name: cut
 ]  # fmt: skip
 
 
@@ -308,6 +309,12 @@ async def test_the_rpcs_not_served_are_unimplemented_like_any_other_error(make_g
         "ModelStreamInfer": lambda md: stub.ModelStreamInfer(iter([pb.ModelInferRequest(model_name="det")]), metadata=md),
     }  # fmt: skip
     assert set(calls) <= set(UNSERVED)
+    # Every RPC of the installed tritonclient's service is served here or refused through _serve (a newer
+    # tritonclient with a new RPC fails here, instead of falling through to the base's bare refusal).
+    from service.grpc_server import InferenceServicer
+
+    rpcs = {m for m in vars(pb_grpc.GRPCInferenceServiceServicer) if not m.startswith("_")}
+    assert rpcs == {m for m in vars(InferenceServicer) if m in rpcs}
     caplog.set_level("INFO")
     for method, call in calls.items():
         for metadata, code in ((auth, "not_implemented"), ((), "unauthorized")):

@@ -171,6 +171,23 @@ def test_the_header_bound_holds_when_the_headers_end_in_the_read_that_crosses_it
     assert _solve_with_headers(server, 9000, url_pad=8500) == 431
 
 
+def test_requests_pipelined_before_an_unparsable_one_are_answered_first(server):
+    """HTTP/1.1 pipelining: valid requests sent in one write with garbage behind them get their answers, in
+    order, then the 400 for the garbage, then the connection closes."""
+    body = b'{"A": [[2.0]], "B": [4.0]}'
+    req = (
+        b"POST /solve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    sock = connect(server)
+    sock.sendall(req + req + b"GARBAGE\r\n\r\n")
+    raw = read_until_closed(sock)
+    sock.close()
+    # Status codes only: a random request id in a body or header may contain digits that look like one.
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", raw) == [b"200", b"200", b"400"], raw[:600]
+    assert raw.count(b'"data":[2.0]') == 2 and b"malformed_request" in raw
+
+
 def test_a_body_refused_early_is_discarded_and_the_connection_goes_on(server):
     """413 before the body is read; the body that still arrives is not taken for headers (no 431)."""
     sock = connect(server)

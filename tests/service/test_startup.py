@@ -253,6 +253,7 @@ def test_the_real_process_opens_its_port_before_it_is_ready():
             < text.index("warm-up done")
         )
         assert text.index("warm-up done") < text.index("ready on the CPU")
+        assert "(authentication off: LU_API_KEY unset or empty)" in text  # said once, at start
     finally:
         srv.stop()
 

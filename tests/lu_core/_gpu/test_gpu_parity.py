@@ -310,7 +310,7 @@ def test_the_direct_solve_gives_the_general_paths_bits(rng, batch, n, nrhs, dtyp
     real = _solve.solve_direct
     for B in (cp.ascontiguousarray(wide[..., :nrhs]), wide[..., ::2], column_major):
         with monkeypatch.context() as m:
-            m.setattr(_solve, "solve_direct", lambda *a: taken.append(1) or real(*a))
+            m.setattr(_solve, "solve_direct", lambda *a: taken.append(real(*a)) or taken[-1])
             X = lu_core.lu_solve(LU, piv, B)
         with monkeypatch.context() as m:
             _general_path(m)
@@ -319,7 +319,38 @@ def test_the_direct_solve_gives_the_general_paths_bits(rng, batch, n, nrhs, dtyp
         np.testing.assert_array_equal(cp.asnumpy(X).view(np.uint8), cp.asnumpy(want).view(np.uint8))
         X_cpu = lu_core.lu_solve(*lu_core.lu_factor(A), cp.asnumpy(B))
         assert_close(cp.asnumpy(X), X_cpu, dtype, n, scale=max(1.0, float(np.abs(X_cpu).max())))
-    assert taken == [1, 1, 1]
+    assert len(taken) == 3 and all(x is not None for x in taken)  # the direct path answered each
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize(
+    ("a_batch", "b_batch", "n", "nrhs"),
+    [((), (), 8, 1), ((4,), (4,), 5, 3), ((2, 1), (3,), 32, 2), ((1,), (700,), 3, 1)],
+)
+def test_solve_fused_gives_the_general_paths_bits(rng, a_batch, b_batch, n, nrhs, dtype, left, monkeypatch):
+    """``solve`` of systems our kernels factor and solve (n <= 32) takes ``_solve.solve_fused``: small_getrf
+    then small_getrs on its 1-based pivots, B read where it is (broadcast both ways, over 512 problems
+    too): the bits of the general path (lu_factor_ex, own_pivots, lu_solve), and its singular check."""
+    from lu_core._gpu import _solve
+    from lu_core._gpu.backend import GpuBackend
+
+    A = cp.asarray(well_conditioned(rng, (*a_batch, n, n), dtype))
+    B = cp.asarray(random_matrix(rng, (*b_batch, n, nrhs) if left else (*b_batch, nrhs, n), dtype))
+    taken = []
+    real = _solve.solve_fused
+    with monkeypatch.context() as m:
+        m.setattr(_solve, "solve_fused", lambda *a: taken.append(real(*a)) or taken[-1])
+        X = lu_core.solve(A, B, left=left)
+    with monkeypatch.context() as m:
+        m.setattr(GpuBackend, "solve_fused", lambda self, *a: None)
+        want = lu_core.solve(A, B, left=left)
+    assert len(taken) == 1 and taken[0] is not None and X.shape == want.shape  # the fused path answered
+    np.testing.assert_array_equal(cp.asnumpy(X).view(np.uint8), cp.asnumpy(want).view(np.uint8))
+    singular = A.copy()
+    singular[(0,) * len(a_batch)] = 0
+    with pytest.raises(lu_core.SingularMatrixError):
+        lu_core.solve(singular, B, left=left)
 
 
 def test_the_direct_solve_checks_the_pivots_as_the_general_path_does(rng, monkeypatch):
@@ -328,12 +359,13 @@ def test_the_direct_solve_checks_the_pivots_as_the_general_path_does(rng, monkey
     A = well_conditioned(rng, (2, 3, 4, 4), np.float64)
     LU, piv = lu_core.lu_factor(cp.asarray(A))
     B = cp.asarray(random_matrix(rng, (2, 3, 4, 2), np.float64))
-    for at, value in ((5, 0), (17, 5), (0, -7), (23, np.iinfo(np.int32).min), (9, np.iinfo(np.int32).max)):
+    for at, value in ((5, 0), (17, 5), (0, -7), (22, np.iinfo(np.int32).min), (9, np.iinfo(np.int32).max)):
         bad = piv.copy()
         bad.reshape(-1)[at] = value
         bad.reshape(-1)[-1] = 0  # a later bad one: the first is named
         with pytest.raises(lu_core.PivotError) as direct:
             lu_core.lu_solve(LU, bad, B)
+        assert any(entry.name == "solve_direct" for entry in direct.traceback)  # raised by the direct path
         with monkeypatch.context() as m:
             _general_path(m)
             with pytest.raises(lu_core.PivotError) as general:

@@ -445,7 +445,7 @@ def test_gather_rhs_reads_b_through_its_strides_and_broadcast(asan, dtype, layou
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
-@pytest.mark.parametrize("indexed", ["as _solve does", "arrays"])
+@pytest.mark.parametrize("indexed", ["as _solve does", "arrays", "one LU"])
 def test_small_getrs_reads_b_where_it_is(asan, dtype, layout, indexed):
     """The small solve reads its right-hand sides from B through B's strides and broadcast (as
     ``gather_rhs`` does), each problem's block a step on where ``_solve`` takes one
@@ -468,11 +468,20 @@ def test_small_getrs_reads_b_where_it_is(asan, dtype, layout, indexed):
     rng = np.random.default_rng(nprob)
     LU, piv, _ = _cpu_factor(_rand(rng, (nprob, n, n), dtype))
     s, piv0 = np.ascontiguousarray(LU.swapaxes(1, 2)), (piv - 1).astype(np.int32)
-    lu_index = rng.permutation(nprob).astype(np.int64) if indexed == "arrays" else np.arange(nprob, dtype=np.int64)
-    lu_at = _launch.Indexed(lu_index, 0) if indexed == "arrays" else _launch.Indexed(None, 1)
+    if indexed == "arrays":
+        lu_index = rng.permutation(nprob).astype(np.int64)
+        lu_at = _launch.Indexed(lu_index, 0)
+    elif indexed == "one LU":  # one factorization for every problem: step 0
+        lu_index, lu_at = np.zeros(nprob, dtype=np.int64), _launch.Indexed(None, 0)
+    else:
+        lu_index, lu_at = np.arange(nprob, dtype=np.int64), _launch.Indexed(None, 1)
+    for a in (s, piv0, b_at.array):
+        if a is not None:
+            a.flags.writeable = False  # inputs: simt fails the launch if the kernel writes one
     full = np.broadcast_to(rhs, (*out_batch, nrhs, n)).reshape(nprob, nrhs, n)
     for trans, conjugate in ((0, False), (0, True), (2, True), (1, False)):
         b = buffer.copy()
+        b.flags.writeable = False
         w = np.full((nprob, nrhs, n), 7, dtype)
         launch = _launch.small_getrs(  # b: B's first element, as CuPy passes it (offsets may go back from there)
             s, piv0, lu_at, simt.At(b, first), b_at, strides[-2], strides[-1], w, trans,
@@ -483,7 +492,6 @@ def test_small_getrs_reads_b_where_it_is(asan, dtype, layout, indexed):
         _kernels.getrs.serial(s, piv0, lu_index.astype(np.intp), want, trans)
         want = want.swapaxes(1, 2)
         _same(w, np.conj(want) if conjugate else want, dtype)
-        np.testing.assert_array_equal(b, buffer)  # read, never written
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.complex64])
@@ -491,9 +499,9 @@ def test_small_getrs_reads_b_where_it_is(asan, dtype, layout, indexed):
 def test_small_getrs_checks_the_users_pivots_itself(asan, dtype, how):
     """``solve_direct``'s launch: the user's 1-based int32 pivots as they are, range-checked by the
     kernel while it solves (every pivot of every factorization a problem uses is read): the first
-    bad one's flat index in ``first_bad`` (never written when all are good), a bad one never
-    followed (the sanitizers see every read), and with good pivots the unchecked launch's bits."""
-    n, nlu, nrhs = 5, 4, 2
+    bad one's flat index in ``first_bad`` (never written when all are good), and with good pivots
+    the unchecked launch's bits."""
+    n, nlu, nrhs = 5, 5, 3  # 15 vectors, four a warp: the last warp's last group mirrors a problem, writes nothing
     rng = np.random.default_rng(5)
     LU, piv, _ = _cpu_factor(_rand(rng, (nlu, n, n), dtype))
     s = np.ascontiguousarray(LU.swapaxes(1, 2))
@@ -505,7 +513,7 @@ def test_small_getrs_checks_the_users_pivots_itself(asan, dtype, how):
         bad.reshape(-1)[at] = value
         bad.reshape(-1)[19] = 0  # a later bad one: the first is reported
         cases.append((bad, at))
-    for trans in (0, 1):
+    for trans in (0, 1, 2):
         want = rows.copy()
         _small_getrs(asan, s, (piv - 1).astype(np.int32), np.arange(nlu, dtype=np.int64), want, trans, how)
         for pivots, first in cases:
@@ -698,6 +706,16 @@ def test_lanes_at_different_calls_of_one_shuffle_helper_are_caught(build_dir, mo
         _small_getrs(
             exe, np.ascontiguousarray(LU.swapaxes(1, 2)), (piv - 1).astype(np.int32), np.zeros(1, np.int64), w, 1
         )
+
+
+def test_a_write_into_a_read_only_argument_is_caught(asan):
+    """The emulator's check that inputs stay inputs: an output passed read-only fails the launch."""
+    A = np.random.default_rng(0).standard_normal((1, 4, 4))
+    s = A.swapaxes(1, 2).copy()
+    piv, info = np.zeros((1, 4), np.int32), np.full(1, -7, np.int32)  # the kernel writes 0 there
+    info.flags.writeable = False
+    with pytest.raises(simt.KernelFailed, match="wrote into a read-only argument"):
+        simt.run(asan, _launch.small_getrf(s, piv, info, 4, 4, True))
 
 
 def test_a_wrong_argument_type_is_caught(asan):
