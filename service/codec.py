@@ -187,6 +187,8 @@ def _typed_tensor(
     count, and with ``nesting`` (the native form) the nesting of nested data too, up to dimensions of
     one. The OIP forms count elements only, as Triton does (its parser walks nested data in row-major
     order whatever the nesting)."""
+    if dtype.kind == "b":  # refused as a binary or gRPC BOOL tensor is (by lu_core), before reading its data
+        raise invalid("invalid_dtype", f"{name}: unsupported datatype BOOL; send a floating, complex or integer type")
     count = math.prod(shape) if shape is not None else None
     if shape is not None:
         budget.take(name, work_elements(shape))

@@ -57,6 +57,7 @@ def assert_error(r, status: int, code: str) -> dict:
         ("/v2/models/solve/infer", b'{"inputs": 3}', 400, "malformed_body"),
         ("/v2/models/solve/infer", b'{"inputs": [{"name": "A", "shape": [1], "datatype": "FP64"}]}', 400, "malformed_tensor"),
         ("/v2/models/lu/infer", b'{"inputs": [{"name": "A", "shape": [1, 1], "datatype": "STR", "data": [1]}]}', 422, "invalid_dtype"),
+        ("/v2/models/lu/infer", b'{"inputs": [{"name": "A", "shape": [1, 1], "datatype": "BOOL", "data": [true]}]}', 422, "invalid_dtype"),  # as binary
         ("/v2/models/lu/infer", b'{"inputs": [{"name": "Z", "shape": [1, 1], "datatype": "FP64", "data": [1]}]}', 422, "unknown_input"),
         ("/v2/models/lu/infer", b'{"inputs": [], "outputs": [{"name": "X"}]}', 400, "unknown_output"),
         ("/v2/models/lu/infer", b'{"inputs": [], "id": 5}', 400, "malformed_body"),
