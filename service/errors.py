@@ -36,7 +36,7 @@ def brief(value: Any) -> str:
     return _BRIEF.repr(value)
 
 
-#: The longest error message: client data is quoted briefly where it is quoted (``brief``), and this
+#: The longest error message, in UTF-8 bytes: client data is quoted briefly where it is quoted (``brief``), and this
 #: bounds the rest (names a client chose, lists of them), so an answer, or a gRPC call's trailing
 #: metadata, stays small whatever a request held.
 MAX_MESSAGE = 1024
@@ -44,7 +44,7 @@ MAX_MESSAGE = 1024
 
 class ServiceError(Exception):
     """An error with its HTTP status, stable ``code`` and optional extra fields (the message cut at
-    :data:`MAX_MESSAGE` characters)."""
+    :data:`MAX_MESSAGE` UTF-8 bytes)."""
 
     def __init__(
         self,
@@ -55,8 +55,10 @@ class ServiceError(Exception):
         headers: dict[str, str] | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
-        if len(message) > MAX_MESSAGE:
-            message = message[: MAX_MESSAGE - 3] + "..."
+        if len(message) > MAX_MESSAGE or not message.isascii():
+            encoded = message.encode()
+            if len(encoded) > MAX_MESSAGE:  # UTF-8 bytes: gRPC percent-encodes each non-ASCII one
+                message = encoded[: MAX_MESSAGE - 3].decode(errors="ignore") + "..."
         super().__init__(message)
         self.status = status
         self.code = code

@@ -330,9 +330,10 @@ class _BoundedProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         refusal = (400, "malformed_request", f"not a valid HTTP/1.1 request: {msg}")
-        if self._answers_owed():
-            # Pipelined behind requests still being answered: they are answered first, in order, then this
-            # refusal, then the connection closes; nothing more is read or parsed meanwhile.
+        if self._in_headers and self._answers_owed():
+            # A new request's line or headers, pipelined behind requests still being answered: they are
+            # answered first, in order, then this refusal, then the connection closes; nothing more is
+            # read or parsed meanwhile. (A request whose own body is unparsable is refused at once.)
             self._deferred_refusal = refusal
             self._cancel_deadline()
             return
@@ -394,7 +395,8 @@ class _BoundedProtocol(HttpToolsProtocol):
         super().on_response_complete()  # (starts the next pipelined request, if any)
         if self._deferred_refusal is not None and not self._answers_owed():
             refusal, self._deferred_refusal = self._deferred_refusal, None
-            self._refuse(*refusal)
+            if not self.transport.is_closing():  # (an answer that closed the connection: nothing more to say)
+                self._refuse(*refusal)
         elif not self._in_headers:
             # The request's body is still arriving (an early answer): it is not idle, and the read
             # deadline, not the keep-alive timer, bounds what remains.

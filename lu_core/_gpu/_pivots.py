@@ -5,9 +5,10 @@ Bases: LAPACK's 1-based pivots outside, 0-based inside our kernels.
 :func:`own_pivots` (pivots this library just produced: no check, no host
 synchronisation) are the two places that convert in; cuSOLVER and cuBLAS get
 ``piv0 + 1`` where they are called. The one exception: the small solve
-(``small_getrs``) reads 1-based pivots itself where ``_solve.solve_direct`` and
-``_solve.solve_fused`` give it them (range-checked there, the first bad one
-reported through :func:`no_bad_yet` / :func:`raise_if_bad`).
+(``small_getrs``) reads 1-based pivots itself where ``_solve.solve_direct`` (the
+user's: range-checked there, the first bad one reported through
+:func:`no_bad_yet` / :func:`raise_if_bad`) and ``_solve.solve_fused`` (``small_getrf``'s,
+always in range: no flag read) give it them.
 """
 
 from __future__ import annotations

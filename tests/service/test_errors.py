@@ -68,6 +68,15 @@ async def test_malformed_and_invalid_bodies(client, path, body, status, code):
     assert_error(r, status, code)
 
 
+def test_error_messages_are_capped_in_utf8_bytes():
+    from service.errors import MAX_MESSAGE, ServiceError
+
+    for text in ("x" * 5000, "\u00e9" * 5000, "\U0001f600" * 700, "short"):
+        message = ServiceError(400, "c", text).message
+        assert len(message.encode()) <= MAX_MESSAGE and text.startswith(message.removesuffix("...")[:10])
+    assert ServiceError(400, "c", "short").message == "short"
+
+
 async def test_nested_data_as_triton_on_v2_and_as_declared_natively(client):
     """/v2 JSON counts a tensor's elements whatever its nesting (Triton walks nested data in row-major
     order); the native object form wants the nesting declared (up to dimensions of one)."""

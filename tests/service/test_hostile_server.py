@@ -188,6 +188,21 @@ def test_requests_pipelined_before_an_unparsable_one_are_answered_first(server):
     assert raw.count(b'"data":[2.0]') == 2 and b"malformed_request" in raw
 
 
+def test_an_unparsable_chunked_body_is_refused_at_once(server):
+    """A request whose own body cannot be parsed gets one answer, the 400, at once (not a wait for its
+    body until the read deadline, then a second answer)."""
+    sock = connect(server)
+    start = time.monotonic()
+    sock.sendall(
+        b"POST /solve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"zz\r\n{}\r\n"
+    )
+    raw = read_until_closed(sock)
+    sock.close()
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", raw) == [b"400"], raw[:400]
+    assert time.monotonic() - start < READ_TIMEOUT_S
+
+
 def test_a_body_refused_early_is_discarded_and_the_connection_goes_on(server):
     """413 before the body is read; the body that still arrives is not taken for headers (no 431)."""
     sock = connect(server)

@@ -240,7 +240,7 @@ def test_a_failed_warm_up_keeps_readyz_at_503(monkeypatch, caplog):
 
 def test_the_real_process_opens_its_port_before_it_is_ready():
     """`python -m service` logs `listening` before the device is chosen and the warm-up starts."""
-    srv = Server(LU_WARMUP="true")
+    srv = Server(LU_WARMUP="true", LU_API_KEY="")  # (blank: unset, whatever the environment holds)
     try:
         srv.wait_ready()
         deadline = time.monotonic() + 30  # the log is read by a thread: let it catch up
