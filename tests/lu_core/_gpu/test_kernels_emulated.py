@@ -443,7 +443,7 @@ def test_gather_rhs_reads_b_through_its_strides_and_broadcast(asan, dtype, layou
     _same(w, np.conj(want) if conjugate else want, dtype)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [np.float64, np.complex64])  # (every dtype's solve: the tests above)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("indexed", ["as _solve does", "arrays", "one LU"])
 def test_small_getrs_reads_b_where_it_is(asan, dtype, layout, indexed):
