@@ -22,6 +22,7 @@ Writes ``DIR/profile-gpu-<device>.md``. Without a device it says so and exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import lu_core
 from bench._report import device_slug
@@ -52,6 +53,10 @@ CASES = (
     ("lu_factor", 100000, 8, "float64"),
     ("lu_solve", 100000, 8, "float64"),
 )
+#: The same calls with the GPU backend's short paths off (``solve_direct`` for ``lu_solve``, ``solve_fused``
+#: for ``solve``: the general path, as before 2026-11-27's session 19), measured in the same run: what the
+#: short paths save, on the device (their first run there).
+GENERAL_PATH_CASES = (("lu_solve", 1, 8, "float64"), ("solve", 1, 8, "float64"))
 CALLS = 200
 TOP = 14
 #: The first large solve: the order of the H100 service run's 256 MiB float64 LU, and the seconds a
@@ -145,7 +150,31 @@ def measure(
         profiles[key] = _profile(ours)
         progress(f"{key}: {row}")
         on_case(rows, profiles)
+    for op, batch, n, dtype in GENERAL_PATH_CASES:
+        if seconds is not None and time.perf_counter() - start > seconds:
+            break
+        ours, _ = _calls(op, batch, n, dtype, None)
+        with _general_path():
+            host, device = _host_device_us(ours)
+        rows.append(
+            {"op": f"{op} (general path)", "batch": batch, "n": n, "dtype": dtype, "host us": host, "device us": device}
+        )
+        progress(f"{op} {batch}x{n} {dtype} (general path): {rows[-1]}")
+        on_case(rows, profiles)
     return rows, profiles
+
+
+@contextlib.contextmanager
+def _general_path() -> Iterator[None]:
+    """The GPU backend's ``solve_direct`` and ``solve_fused`` off: every call takes the general path."""
+    from lu_core._gpu.backend import GpuBackend
+
+    saved = GpuBackend.solve_direct, GpuBackend.solve_fused
+    GpuBackend.solve_direct = GpuBackend.solve_fused = lambda self, *args: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        GpuBackend.solve_direct, GpuBackend.solve_fused = saved  # type: ignore[method-assign]
 
 
 #: The warm-up's shapes that reach the libraries (``service.app.WARMUP_SHAPES`` with n > 32; a test
