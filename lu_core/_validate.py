@@ -7,6 +7,7 @@ backends, which run them where the data lives, before any kernel uses it.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -74,8 +75,8 @@ def check_pivots_shape(pivots_shape: tuple[int, ...], lu_shape: tuple[int, ...])
 
 def direct_solve_shape(
     LU: Any, pivots: Any, B: Any, array_type: type, dtypes: frozenset, pivot_dtypes: frozenset
-) -> tuple[tuple[int, ...], int, int] | None:
-    """``(batch, n, nrhs)`` where ``lu_solve(LU, pivots, B)`` needs none of the general path's work: exact
+) -> tuple[tuple[int, ...], int, int, int] | None:
+    """``(batch, n, nrhs, problems)`` where ``lu_solve(LU, pivots, B)`` needs none of the general path's work: exact
     ``array_type`` arrays, ``LU`` square of a dtype in ``dtypes``, ``B`` of its dtype and batch (no
     broadcasting), ``pivots`` of a dtype in ``pivot_dtypes`` and shape ``(*batch, n)``, no empty size;
     None otherwise (the general path then reports whatever is wrong). The backends' ``solve_direct``
@@ -92,6 +93,7 @@ def direct_solve_shape(
     batch = tuple(LU.shape[:-2])
     if LU.shape[-2:] != (n, n) or tuple(B.shape[:-2]) != batch or tuple(pivots.shape) != (*batch, n):
         return None
-    if not n or not nrhs or 0 in batch:
+    problems = math.prod(batch)
+    if not n or not nrhs or not problems:
         return None
-    return batch, n, nrhs
+    return batch, n, nrhs, problems

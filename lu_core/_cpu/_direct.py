@@ -48,13 +48,10 @@ def solve_direct(LU: Any, pivots: Any, B: Any) -> np.ndarray | None:
     returns them (each column-major) and right-hand sides of their dtype and batch (no broadcasting),
     by the batched kernel, with the general path's choice of twin."""
     shape = direct_solve_shape(LU, pivots, B, np.ndarray, _DTYPES, _PIVOT_DTYPES)
-    if shape is None:
+    if shape is None or not _backend._solve_by_kernel(shape[1], shape[2], LU.dtype):
         return None
-    batch, n, nrhs = shape
+    _, n, nrhs, nprob = shape
     dt = LU.dtype
-    nprob = math.prod(batch)
-    if not _backend._solve_by_kernel(n, nrhs, dt):
-        return None
     s = LU.swapaxes(-1, -2)  # the factors in the kernels' storage: a view when each LU is column-major
     if not s.flags.c_contiguous:
         return None

@@ -232,13 +232,10 @@ def solve_direct(LU: object, pivots: object, B: object) -> cp.ndarray | None:
     launch, no converted copy), then raises as the general path would. The general path's launch
     (the same kernel, the same arithmetic): the same bits. Anything else: None."""
     shape = direct_solve_shape(LU, pivots, B, cp.ndarray, _DTYPES, _INT32)
-    if shape is None:
+    if shape is None or _tuning.solve_path(shape[1], shape[3], shape[2]) != "own":
         return None
-    batch, n, nrhs = shape
+    batch, n, nrhs, nprob = shape
     dt = LU.dtype
-    nprob = math.prod(batch)
-    if _tuning.solve_path(n, nprob, nrhs) != "own":
-        return None
     device = LU.device
     s = LU.swapaxes(-1, -2)  # the factors as the kernel reads them: a view when each LU is column-major
     if (
