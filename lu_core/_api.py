@@ -299,7 +299,7 @@ def lu_solve(
     out_batch = _out_batch(lu_.shape, b.shape)
     piv0 = be.check_pivots(piv, lu_.shape[-1])
     if check_errors:
-        _raise_if_singular(be, _diagonal_info(lu_), "lu_solve")
+        _raise_if_singular(be, be.diagonal_info(lu_), "lu_solve")
     return _solve_factored(be, lu_, piv0, b, out_batch, bool(left), bool(adjoint))
 
 
@@ -436,14 +436,6 @@ def pivots_to_permutation(pivots: Any, m: int) -> Any:
         raise ShapeError("pivots", f"has {piv.shape[-1]} entries per matrix, more than m = {m_int}")
     piv0 = be.check_pivots(piv, m_int)
     return be.pivots_to_permutation(piv0, m_int).reshape(*piv.shape[:-1], m_int)
-
-
-def _diagonal_info(lu_: Any) -> Any:
-    """LAPACK's ``info`` read back from a packed factorization: 1 + first zero of diag(U), else 0."""
-    zero = lu_.diagonal(axis1=-2, axis2=-1) == 0
-    if zero.shape[-1] == 0:
-        return zero.sum(axis=-1).astype(np.int32)
-    return (zero.any(axis=-1) * (zero.argmax(axis=-1) + 1)).astype(np.int32)
 
 
 def _count(value: Any, argument: str) -> int:

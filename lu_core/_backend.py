@@ -73,6 +73,10 @@ class Backend(Protocol):
     def pivots_to_permutation(self, piv0: Any, m: int) -> Any:
         """int32 row orders, shape ``(batch, m)``."""
 
+    def diagonal_info(self, lu: Any) -> Any:
+        """LAPACK's ``info`` read back from packed factorizations ``lu`` (``(*batch, m, n)``, any strides):
+        int32 of shape ``batch``, 1 + the index of the first exact zero on each diagonal, else 0."""
+
     def nonzero_info(self, info: Any) -> tuple[np.ndarray, np.ndarray]:
         """Host arrays of the flat indices with ``info != 0`` and their values."""
 

@@ -303,6 +303,12 @@ class CpuBackend:
         _kernels.permutations(_split(piv0.shape[0], piv0.shape[0] * m), piv0, m, perm)
         return perm
 
+    def diagonal_info(self, lu: np.ndarray) -> np.ndarray:
+        zero = lu.diagonal(axis1=-2, axis2=-1) == 0
+        if zero.shape[-1] == 0:
+            return np.zeros(zero.shape[:-1], np.int32)
+        return (zero.any(axis=-1) * (zero.argmax(axis=-1) + 1)).astype(np.int32)
+
     def nonzero_info(self, info: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         if not np.count_nonzero(info):  # the common case; ~4x cheaper than ndarray.any()
             return _NONE, _NONE

@@ -87,6 +87,13 @@ def permutations(piv0: Any, perm: Any) -> Launch:
     return _per_matrix("perm_global", nb, args)
 
 
+def diagonal_info(lu: Any, info: Any, nbatch: int, k: int, s_batch: int, s_diag: int) -> Launch:
+    """``info`` (int32, one per matrix) of ``nbatch`` factorizations read at element ``lu[b * s_batch + i *
+    s_diag]`` (``k`` diagonal entries each): a block per matrix, 8 bytes of shared memory."""
+    args = (lu, info, np.int64(nbatch), np.int32(k), np.int64(s_batch), np.int64(s_diag))
+    return _per_matrix(f"diagonal_info<{_ctype(lu.dtype)}>", nbatch, args, shared=8)
+
+
 def unpack(
     src: Any, lower: Any, upper: Any, unit_lower: bool, perm: Any, p_mat: Any, m: int, want_data: bool, want_p: bool
 ) -> Launch:

@@ -124,6 +124,10 @@ class GpuBackend:
         with piv0.device:
             return _pivots.permutations(piv0, m)
 
+    def diagonal_info(self, lu: cp.ndarray) -> cp.ndarray:
+        with lu.device:
+            return _solve.diagonal_info(lu)
+
     def nonzero_info(self, info: cp.ndarray) -> tuple[np.ndarray, np.ndarray]:
         flat = cp.asnumpy(info).reshape(-1)  # raising needs the host: one small copy
         idx = np.flatnonzero(flat)

@@ -86,6 +86,36 @@ __global__ void perm_global(const int* __restrict__ piv0, int* __restrict__ perm
     }
 }
 
+// LAPACK's info read back from packed factorizations (lu_solve's check_errors): 1 + the index of the
+// first exact zero on each matrix's diagonal, else 0 (a NaN is not zero). One block per matrix (grid-
+// stride over the batch): its threads read the diagonal a block's width at a time and stop after the
+// first chunk that holds a zero. Element i of matrix b's diagonal (k of them) is lu[b * s_batch + i *
+// s_diag] (element strides: any layout whose batch steps evenly, no copy). Dynamic shared memory: one
+// unsigned long long, the smallest zero index found so far.
+template <typename T>
+__global__ void diagonal_info(const T* __restrict__ lu, int* __restrict__ info, long long nbatch, int k,
+                              long long s_batch, long long s_diag) {
+    extern __shared__ unsigned long long first_zero[];
+    const T zero = T(0);
+    const unsigned long long none = (unsigned long long)k;
+    for (long long b = blockIdx.x; b < nbatch; b += gridDim.x) {
+        if (threadIdx.x == 0) first_zero[0] = none;
+        __syncthreads();
+        for (int base = 0; base < k; base += blockDim.x) {
+            const int i = base + (int)threadIdx.x;
+            if (i < k && lu[b * s_batch + (long long)i * s_diag] == zero) {
+                atomicMin(first_zero, (unsigned long long)i);
+            }
+            __syncthreads();
+            const bool found = first_zero[0] != none;
+            __syncthreads();  // every thread has read it before a later chunk could lower it
+            if (found) break;  // the same for every thread of the block
+        }
+        if (threadIdx.x == 0) info[b] = first_zero[0] != none ? (int)first_zero[0] + 1 : 0;
+        __syncthreads();  // thread 0 has read it before the next matrix resets it
+    }
+}
+
 // Fused unpack: one pass over the packed matrices writes both triangles, and
 // P from the row order, each output element exactly once (coalesced: the
 // innermost index is contiguous in input and outputs).

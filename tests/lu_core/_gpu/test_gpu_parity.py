@@ -384,6 +384,49 @@ def test_singular_raises(rng):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "layout", ["as lu_factor leaves it", "row-major", "every other matrix", "uneven batch", "one matrix of 600"]
+)
+def test_lu_solve_check_errors_reads_each_diagonal_as_the_cpu(rng, dtype, layout):
+    """``check_errors=True``: our diagonal_info kernel (the batch stepped through in place, or a copy of
+    the diagonals where it does not step evenly) finds the CPU's first zeros, and lu_solve raises the
+    CPU's error; a matrix without a zero raises nothing."""
+    from lu_core._cpu.backend import CPU_BACKEND
+    from lu_core._gpu.backend import GPU_BACKEND
+
+    n = 600 if layout == "one matrix of 600" else 6
+    batch = () if n == 600 else (4, 3)
+    LU = cp.asarray(random_matrix(rng, (*batch, n, n), dtype) / n + 3 * np.eye(n, dtype=dtype))  # well conditioned
+    LU = cp.asfortranarray(LU) if not batch else LU.swapaxes(-1, -2).copy().swapaxes(-1, -2)
+    if layout == "row-major":
+        LU = cp.ascontiguousarray(LU)
+    elif layout == "every other matrix":
+        LU = LU.reshape(-1, n, n)[::2]  # one step through the batch
+    elif layout == "uneven batch":
+        LU = LU[:, ::2]  # two: the kernel gets a copy of the diagonals
+    clean = LU.copy()
+    zeros = [(-1, 0), (0, n - 1), (1, 2), (1, 4)] if n == 6 else [(None, 290), (None, 513)]
+    for b, i in zeros:
+        if batch:
+            idx = np.unravel_index(b % math.prod(LU.shape[:-2]), LU.shape[:-2])
+            LU[(*idx, i, i)] = 0
+        else:
+            LU[i, i] = 0
+    piv = cp.asarray(np.tile(np.arange(1, n + 1, dtype=np.int32), (*LU.shape[:-2], 1)))
+    B = cp.asarray(random_matrix(rng, (*LU.shape[:-1], 2), dtype))
+    want = CPU_BACKEND.diagonal_info(cp.asnumpy(LU))
+    assert want.any()
+    np.testing.assert_array_equal(cp.asnumpy(GPU_BACKEND.diagonal_info(LU)), want)
+    with pytest.raises(lu_core.SingularMatrixError) as cpu:
+        lu_core.lu_solve(cp.asnumpy(LU), cp.asnumpy(piv), cp.asnumpy(B), check_errors=True)
+    with pytest.raises(lu_core.SingularMatrixError) as gpu:
+        lu_core.lu_solve(LU, piv, B, check_errors=True)
+    assert str(gpu.value) == str(cpu.value)
+    X = lu_core.lu_solve(clean, piv, B, check_errors=True)
+    assert_close(cp.asnumpy(X), lu_core.lu_solve(cp.asnumpy(clean), cp.asnumpy(piv), cp.asnumpy(B)), dtype, n)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(4, 6, 6), (3, 5, 8), (3, 40, 40), (70, 70), (3, 40, 60)], ids=str)
 def test_no_pivot_matches_cpu(rng, shape, dtype):
     """pivot=False: the CPU backend's (LAPACK getf2's) result, finite where a pivot is exactly zero."""

@@ -370,6 +370,57 @@ def test_row_orders_from_pivots(asan, m, k, how):
     np.testing.assert_array_equal(perm, backend.CPU_BACKEND.pivots_to_permutation(piv0, m))
 
 
+# ---------------------------------------------------------------- diagonal_info
+
+
+def _diagonal_info(exe, base, nb, k, s_batch, s_diag, how="backend"):
+    info = np.full(nb, -7, np.int32)
+    _run(exe, _launch.diagonal_info(np.ascontiguousarray(base), info, nb, k, s_batch, s_diag), how)
+    return info
+
+
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_diagonal_info_finds_each_first_zero_across_the_blocks_chunks(asan, how):
+    """1 + the first exact zero of each diagonal (-0.0 is one, NaN is not), also past a block's first
+    chunk of 256 threads and with several zeros in one chunk or in two; 0 without one: the CPU's."""
+    k = 600
+    rng = np.random.default_rng(5)
+    A = rng.uniform(1, 2, (8, k, k))
+    for b, zeros in ((1, [0]), (2, [k - 1]), (3, [280, 260]), (4, [257, 3]), (5, [290]), (6, [511, 512]), (7, [300])):
+        A[b, zeros, zeros] = 0.0
+    A[5, 10, 10] = np.nan
+    A[7, 100, 100] = -0.0
+    want = backend.CPU_BACKEND.diagonal_info(A)
+    assert want.tolist() == [0, 1, k, 261, 4, 291, 512, 101]
+    np.testing.assert_array_equal(_diagonal_info(asan, A, 8, k, k * k, k + 1, how), want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["row-major", "column-major", "every other matrix", "one matrix"])
+def test_diagonal_info_reads_the_diagonal_through_the_strides_the_backend_passes(asan, dtype, layout):
+    """Rectangular factorizations (min(m, n) diagonal entries) as lu_factor leaves them (each matrix
+    column-major), row-major, a batch that skips every other matrix, and one matrix (step 0)."""
+    m, n = 7, 5
+    rng = np.random.default_rng(6)
+    A = _rand(rng, (6, m, n), dtype) + 3
+    for b, i in ((1, 0), (2, 4), (3, 2), (4, 2)):
+        A[b, i, i] = 0
+    A[4, 3, 3] = 0
+    if layout == "column-major":
+        base, s_batch, s_diag = A.swapaxes(1, 2), m * n, m + 1  # stored as the transpose
+    elif layout == "row-major":
+        base, s_batch, s_diag = A, m * n, n + 1
+    elif layout == "every other matrix":
+        base, s_batch, s_diag = A, 2 * m * n, n + 1
+        A = A[::2]
+    else:
+        base, s_batch, s_diag = A[2], 0, n + 1
+        A = A[2:3]
+    got = _diagonal_info(asan, base, len(A), min(m, n), s_batch, s_diag)
+    np.testing.assert_array_equal(got, backend.CPU_BACKEND.diagonal_info(A))
+    assert got.any()
+
+
 # ---------------------------------------------------------------- unpack
 
 
@@ -595,7 +646,8 @@ def test_nopivot_refactor_gives_the_cpu_result_for_flagged_matrices(asan, dtype,
 def test_no_races_between_the_threads_of_a_block(tsan, dtype):
     """ThreadSanitizer over every kernel that shares memory between threads: the factorization
     (shared memory, shuffles; square and rectangular, several warps a block), the solves (shuffles;
-    all three ``trans``), the row orders in shared memory, the refactorization (__syncthreads)."""
+    all three ``trans``), the row orders in shared memory, the refactorization (__syncthreads), the
+    diagonal's first zero (shared memory, atomics and barriers)."""
     rng = np.random.default_rng(8)
     # Widths 8, 32, 32, 8, 2, 4, 16 (lanes a matrix: one row each); 6 matrices: partial warps.
     for shape in ((8, 8), (32, 32), (45, 6), (6, 45), (2, 2), (3, 3), (12, 12)):
@@ -618,6 +670,11 @@ def test_no_races_between_the_threads_of_a_block(tsan, dtype):
     _run(tsan, _launch.permutations(piv0, perm))
     kept = np.ascontiguousarray(_rand(rng, (2, 20, 20), dtype))
     _run(tsan, _launch.nopivot_refactor(kept, np.full_like(kept, np.nan), np.array([1, 3], np.int32), 20, 20))
+    D = _rand(rng, (3, 300, 300), dtype) + 1
+    D[0, [40, 270, 280], [40, 270, 280]] = 0  # zeros in two chunks; found in the first one
+    D[1, [270, 299], [270, 299]] = 0  # in the second chunk only
+    got = _diagonal_info(tsan, D, 3, 300, 300 * 300, 301)
+    np.testing.assert_array_equal(got, [41, 271, 0])
 
 
 # ---------------------------------------------------------------- the checks can fail
