@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -45,19 +46,23 @@ def test_rehearsal_limits_are_longer_than_the_device_budget(tmp_path):
     assert cpu.limit("tests") == 4 * gpu.limit("tests")
     # Two device commands of at most 10 minutes each (the checks, then the measurements), each in the
     # parts' fixed order, every part in one of them, and the whole proof within a session's 15 minutes
-    # of device time with a couple of minutes to start. A background part runs beside the parts after it
-    # in its command, which neither wait for it nor compile CPU kernels, and no longer than they may.
+    # of device time with a minute to start. The background part opens both commands: in the first it
+    # runs beside the tests' GPU tests (which wait for it before the tests that start services) and
+    # no longer; in the second the first measurement waits for it at once (nothing measures beside a
+    # compile), so its limit counts there.
     commands, background = gpu_proof.COMMANDS, set(gpu_proof.BACKGROUND)
     assert {p for c in commands for p in c} == set(gpu_proof.PARTS) == set(gpu_proof.LIMITS)
-    assert [p for c in commands for p in c] == list(gpu_proof.PARTS)
-    assert all(sum(gpu_proof.LIMITS[p] for p in c if p not in background) < 540 for c in commands)
-    for c in commands:
-        for part in background & set(c):
-            beside = c[c.index(part) + 1 : next((c.index(w) for w in c if w in gpu_proof.WAITS), len(c))]
-            assert set(beside) & set(gpu_proof.WAITS_ON_CPU) == {"batching"}  # its servers' CPU kernels
-            assert c[0] == part and set(beside) == {"calibrate", "core-bench", "batching"}
-            assert gpu_proof.LIMITS[part] <= sum(gpu_proof.LIMITS[b] for b in beside)
-    assert sum(v for p, v in gpu_proof.LIMITS.items() if p not in background) <= 12.75 * 60
+    assert all(list(c) == [p for p in gpu_proof.PARTS if p in c] for c in commands)
+    assert set(gpu_proof.PARTS) - background == {p for c in commands for p in c} - background
+    assert sum(len(c) for c in commands) == len(gpu_proof.PARTS) + len(background) * (len(commands) - 1)
+    (kernels,) = background
+    assert [c[:2] for c in commands] == [("env", kernels), (kernels, "calibrate")]
+    assert set(gpu_proof.WAITS) == set(gpu_proof.PARTS[gpu_proof.PARTS.index(kernels) + 1 :]) - {"tests"}
+    assert gpu_proof.LIMITS[kernels] <= gpu_proof.LIMITS["tests"] - gpu_proof.TESTS_ELSEWHERE_S
+    checks, measurements = (sum(gpu_proof.LIMITS[p] for p in c if p not in background) for c in commands)
+    measurements += gpu_proof.LIMITS[kernels]
+    assert checks < 540 and measurements < 540 and checks + measurements <= 14 * 60
+    assert sum(v for p, v in gpu_proof.LIMITS.items() if p not in background) <= 11.25 * 60
     # The budgeted benchmarks stop early enough to write their reports.
     assert all(gpu_proof.LIMITS[p] > 2 * gpu_proof.REPORT_S for p in ("calibrate", "core-bench"))
 
@@ -270,9 +275,9 @@ def test_a_slow_request_gets_the_servers_stacks_dumped_and_the_service_goes_on()
 def test_a_background_part_runs_beside_the_next_parts_and_the_first_part_that_waits_takes_its_outcome(
     tmp_path, monkeypatch
 ):
-    """kernels starts its process and returns at once; calibrate (which compiles no CPU kernel) runs
-    beside it; service-bench (a part that starts servers) waits for it first; its output lands in service.log and
-    its outcome (read from its report line, whatever follows it) in the summary, with its own time."""
+    """kernels starts its process and returns at once; tests runs beside it; calibrate (a measurement)
+    waits for it first; its output lands in service.log and its outcome (read from its report line,
+    whatever follows it) in the summary, with its own time."""
     monkeypatch.delenv("LU_DEVICE", raising=False)
     said = {"seconds": 0.25, "compiled": 3, "loaded": 5, "cache": None, "wall": 1.5}
     code = f"import sys, time; time.sleep(1); print({json.dumps(said)!r}); print('a warning at exit', file=sys.stderr)"
@@ -286,16 +291,40 @@ def test_a_background_part_runs_beside_the_next_parts_and_the_first_part_that_wa
 
         return part
 
-    for name in ("calibrate", "service-bench"):
+    for name in ("tests", "calibrate"):
         monkeypatch.setitem(gpu_proof.RUNNERS, name, recording(name))
-    argv = ["--out", str(tmp_path), "--device", "cpu", "--parts", "kernels", "calibrate", "service-bench"]
+    argv = ["--out", str(tmp_path), "--device", "cpu", "--parts", "kernels", "tests", "calibrate"]
     assert gpu_proof.main([*argv, "--wheels", str(tmp_path)]) == 0
-    assert seen == {"calibrate": ({"kernels"}, set()), "service-bench": (set(), {"kernels"})}
+    assert seen == {"tests": ({"kernels"}, set()), "calibrate": (set(), {"kernels"})}
     outcomes = json.loads((tmp_path / "gpu-proof-cpu-proof.json").read_text())
+    assert list(outcomes)[:3] == ["kernels", "tests", "calibrate"]
     assert outcomes["kernels"]["status"] == "ok" and outcomes["kernels"]["seconds"] == 1.5  # its own time
     assert "3 kernel builds compiled, 5 loaded from Numba's cache (beside the sources)" in outcomes["kernels"]["note"]
     log = (tmp_path / "gpu-proof-cpu-service.log").read_text()
     assert "(in the background)" in log and "--- kernels (in the background), its output ---" in log
+
+
+def test_the_gpu_tests_run_beside_the_kernels_in_a_numba_cache_of_their_own_then_wait(tmp_path, monkeypatch):
+    """On a device: the GPU tests' process compiles its CPU oracles into a private Numba cache while
+    ``kernels`` compiles into the shared one; the tests marked gpu elsewhere (they start services)
+    run only after ``kernels`` ended."""
+    proof = gpu_proof.Proof(tmp_path, "gpu", False, lambda _: None)
+    proof.start("kernels", "service.log", [sys.executable, "-c", "import time; time.sleep(0.5)"],
+                lambda rc, text: gpu_proof.Outcome("ok", "done"))  # fmt: skip
+    calls = []
+
+    def sh(what, argv, timeout, env=None):
+        calls.append(((env or proof.env).get("NUMBA_CACHE_DIR"), set(proof.running), argv))
+        return 0, "= 3 passed in 1.00s ="
+
+    monkeypatch.setattr(proof, "sh", sh)
+    monkeypatch.setattr(gpu_proof, "gpu_marked_elsewhere", lambda: ["tests/service/test_x.py"])
+    assert gpu_proof.part_tests(proof).status == "ok"
+    (own, running1, argv1), (shared, running2, argv2) = calls
+    assert "tests/lu_core/_gpu" in argv1 and running1 == {"kernels"}
+    assert own and own.startswith(str(proof.scratch)) and own != os.environ.get("NUMBA_CACHE_DIR")
+    assert "tests/service/test_x.py" in argv2 and running2 == set() and shared == proof.env.get("NUMBA_CACHE_DIR")
+    assert proof.finished["kernels"].status == "ok"
 
 
 def test_a_background_part_past_its_limit_is_killed_with_what_it_started(tmp_path, monkeypatch):
