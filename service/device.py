@@ -282,6 +282,11 @@ class Device:
     #: a job whole: collecting its answer later would only delay it.
     overlaps = False
 
+    def overlapped(self, compute: Compute, tensors: Mapping[str, Any]) -> bool:
+        """Whether this job is started in steps (:attr:`overlaps`); a GPU computes small jobs whole, on
+        the host (``LU_GPU_HOST_MAX_N``): nothing to overlap, and an answer held back for the next job."""
+        return self.overlaps
+
     def merges(self, name: str, tensors: Mapping[str, np.ndarray]) -> bool:
         """Whether this job may be merged with others into one call (service.batcher): only where the
         merged answer is bit-identical to the job's alone. On the CPU always: ``lu_core`` chooses every
@@ -428,6 +433,9 @@ class GpuDevice(Device):
     kind = "gpu"
     overlaps = True
     host_max_n = 0  # LU_GPU_HOST_MAX_N: matrices up to this order are computed on the host
+
+    def overlapped(self, compute: Compute, tensors: Mapping[str, Any]) -> bool:
+        return not host_sized(operation_name(compute), tensors, self.host_max_n)
 
     def merges(self, name: str, tensors: Mapping[str, np.ndarray]) -> bool:
         # On the host (small matrices) the CPU's rule: always.

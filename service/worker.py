@@ -327,9 +327,11 @@ class DeviceWorker:
         metrics.queue_depth.set(self.depth)
         settled: list[tuple[_Job, bool, Any]] = []
         flying: _InFlight | None = None
+        whole = True  # computed whole here, not started in steps (Device.overlapped)
         try:
             live = [job for job in batch if job.deadline is None or not self._expired(job, settled)]
-            if self.device.overlaps and live:
+            whole = not live or not self.device.overlapped(live[0].compute, live[0].tensors)
+            if not whole:
                 flying = self._start(live, settled)
             elif len(live) == 1:
                 self._compute(live[0], settled)
@@ -350,6 +352,10 @@ class DeviceWorker:
                 _settle_all(settled, rest)
         if flying is not None:  # (None: the job in flight, if any, landed in _start, or stays)
             self._in_flight = flying
+        elif whole:
+            # A job computed whole beside one in flight (a GPU's small job, on the host): its answer has
+            # gone out without waiting for the device; the one in flight lands now, not behind more of them.
+            self._land()
         return False
 
     # ------------------------------------------------------------------ overlapped jobs (a GPU)

@@ -161,6 +161,50 @@ def test_a_lone_job_is_collected_at_once():
     ]
 
 
+class HostAndDevice(OverlappingDevice):
+    """A GPU whose jobs tagged in ``on_host`` are small enough for the host (LU_GPU_HOST_MAX_N): computed
+    whole (``run``, recorded), not started in steps."""
+
+    def __init__(self, on_host: set[float]) -> None:
+        super().__init__()
+        self.on_host = on_host
+
+    def overlapped(self, compute, tensors) -> bool:
+        return not set(_tags(tensors)) <= self.on_host
+
+    def run(self, compute, tensors, options):
+        if set(_tags(tensors)) <= self.on_host:
+            self.events.append(("host", _tags(tensors)))
+        return super().run(compute, tensors, options)
+
+
+def test_a_job_computed_on_the_host_is_answered_at_once_and_the_job_in_flight_lands_after_it():
+    """2 and 3 on the host while 1 is in flight on the device: each is answered when computed (not held
+    for the next job's upload, as a job started in steps is), and 1 lands right after 2, not behind
+    every host job queued; 4 on the device again overlaps as before."""
+    device = HostAndDevice({2.0, 3.0})
+    answered: list[float] = []
+
+    async def body(worker: DeviceWorker) -> None:
+        futures = await _hold_first(device, worker, [1.0, 2.0, 3.0, 4.0])
+        for tag, future in zip((1.0, 2.0, 3.0, 4.0), futures, strict=True):
+            future.add_done_callback(lambda _, tag=tag: answered.append(tag))
+        _assert_halves(await asyncio.wait_for(asyncio.gather(*futures), 10), [1.0, 2.0, 3.0, 4.0])
+
+    _scenario(device, body)
+    assert device.events == [
+        ("upload", [1.0]),
+        ("compute", [1.0]),
+        ("host", [2.0]),
+        ("result", [1.0]),
+        ("host", [3.0]),
+        ("upload", [4.0]),
+        ("compute", [4.0]),
+        ("result", [4.0]),
+    ]
+    assert answered == [2.0, 1.0, 3.0, 4.0]
+
+
 def test_merged_calls_overlap_too_and_a_failed_collect_answers_each_job_alone():
     device = OverlappingDevice()
     device.fail_result = [2.0, 3.0]
@@ -618,6 +662,21 @@ def test_gpu_answers_come_down_into_pinned_buffers_that_return_when_the_answer_i
     del view, second, third
     gc.collect()
     assert device._staging.idle() == 3  # all back, none lost
+
+
+def test_a_gpu_starts_in_steps_only_the_jobs_it_computes():
+    """GpuDevice.overlapped: host-sized jobs (LU_GPU_HOST_MAX_N) are computed whole; LU_GPU_HOST_MAX_N=0 or
+    a larger matrix: started in steps, as before."""
+    from service.device import GpuDevice
+
+    device = object.__new__(GpuDevice)  # no GPU here: the rule only
+    solve = OPERATIONS["solve"].compute
+    small = {"A": np.eye(8), "B": np.ones((8, 1))}
+    device.host_max_n = 32
+    assert not device.overlapped(solve, small)
+    assert device.overlapped(solve, {"A": np.eye(33), "B": np.ones((33, 1))})
+    device.host_max_n = 0
+    assert device.overlapped(solve, small)
 
 
 def test_host_sized_jobs_follow_the_matrix_order_only():
