@@ -87,6 +87,11 @@ def permutations(piv0: Any, perm: Any) -> Launch:
     return _per_matrix("perm_global", nb, args)
 
 
+def first_nonzero(flat: Any, first: Any) -> Launch:
+    """The first flat index of a non-zero entry of ``flat`` (int32, contiguous) into ``first`` (one uint64)."""
+    return _elementwise("kernels.cu", "first_nonzero", flat.size, (flat, np.int64(flat.size), first))
+
+
 def diagonal_info(lu: Any, info: Any, nbatch: int, k: int, s_batch: int, s_diag: int) -> Launch:
     """``info`` (int32, one per matrix) of ``nbatch`` factorizations read at element ``lu[b * s_batch + i *
     s_diag]`` (``k`` diagonal entries each): a block per matrix, 8 bytes of shared memory."""

@@ -44,6 +44,11 @@ def no_bad_yet() -> cp.ndarray:
     return first_bad
 
 
+def any_bad(first_bad: cp.ndarray) -> bool:
+    """Whether a kernel wrote an index to ``first_bad``: one 8-byte copy, waited for."""
+    return bool(first_bad.get()[0] != _NO_BAD)
+
+
 def raise_if_bad(first_bad: cp.ndarray, pivots: cp.ndarray, m: int) -> None:
     """:class:`PivotError` naming the first bad pivot, the flat index (C order) a kernel wrote to
     ``first_bad``, if it wrote one. One 8-byte copy, waited for: the error is raised on the host."""

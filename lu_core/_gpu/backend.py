@@ -25,9 +25,9 @@ Peak device memory, relative to the input (``A`` or ``B``; ``LU`` for unpack):
   transposed trsm path adds one ``X``-sized buffer for the row permutation.
   A broadcast ``LU`` is never copied: problems point at it.
 
-Run on a device once (an H200, 2026-11-26: ``bench/results/2026-11-26-gpu-proof-h200``):
-the GPU tests passed but for one wrong assertion (since fixed, not rerun there); slower
-than PyTorch CUDA on most small cases (see the README's GPU section).
+Run on devices four times (an H200, then an H100; the latest:
+``bench/results/2026-11-27-gpu-proof-h100-run4``): every GPU test passes; slower than PyTorch
+CUDA on small calls, about even with it on large ones (see the README's GPU section).
 """
 
 from __future__ import annotations
@@ -41,6 +41,13 @@ import numpy as np
 from lu_core._errors import DeviceMismatchError, DTypeError
 from lu_core._gpu import _factor, _launch, _pivots, _solve, _sources
 from lu_core._layout import plan_split
+
+#: ``info`` arrays of up to this many entries are copied to the host whole to look for singular
+#: matrices; larger ones are searched on the device first (a guess; on the H100 a 100000x8
+#: ``lu_factor`` took 376 us, of which ``np.flatnonzero`` over its info 85 and the copy, waiting
+#: for the kernel too, 150).
+INFO_ON_HOST_MAX = 1 << 16
+_NONE = np.empty(0, np.intp)
 
 
 class GpuBackend:
@@ -129,9 +136,18 @@ class GpuBackend:
             return _solve.diagonal_info(lu)
 
     def nonzero_info(self, info: cp.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        flat = cp.asnumpy(info).reshape(-1)  # raising needs the host: one small copy
-        idx = np.flatnonzero(flat)
-        return idx, flat[idx]
+        with info.device:
+            flat = cp.ascontiguousarray(info).reshape(-1)
+            if flat.size > INFO_ON_HOST_MAX:  # searched on the device: one launch and an 8-byte copy
+                first = _pivots.no_bad_yet()
+                _sources.run(_launch.first_nonzero(flat, first))
+                if not _pivots.any_bad(first):
+                    return _NONE, _NONE
+            host = cp.asnumpy(flat)  # raising needs the host: one copy (small, or something to raise)
+        if not np.count_nonzero(host):  # the common case; the search over a large batch costs ~85 us
+            return _NONE, _NONE
+        idx = np.flatnonzero(host)
+        return idx, host[idx]
 
 
 GPU_BACKEND = GpuBackend()

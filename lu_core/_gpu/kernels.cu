@@ -86,6 +86,16 @@ __global__ void perm_global(const int* __restrict__ piv0, int* __restrict__ perm
     }
 }
 
+// The smallest flat index t with x[t] != 0 into *first (initialised to ULLONG_MAX by the caller): for
+// a large batch's info, one 8-byte copy tells the host whether any matrix is singular, instead of the
+// whole array copied and searched there.
+__global__ void first_nonzero(const int* __restrict__ x, long long total, unsigned long long* __restrict__ first) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
+        if (x[t] != 0) atomicMin(first, (unsigned long long)t);
+    }
+}
+
 // LAPACK's info read back from packed factorizations (lu_solve's check_errors): 1 + the index of the
 // first exact zero on each matrix's diagonal, else 0 (a NaN is not zero). One block per matrix (grid-
 // stride over the batch): its threads read the diagonal a block's width at a time and stop after the

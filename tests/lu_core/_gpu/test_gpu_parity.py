@@ -383,6 +383,22 @@ def test_singular_raises(rng):
         lu_core.lu_factor(A)
 
 
+@pytest.mark.parametrize("nb", [3, 70000])  # the info copied whole, and searched on the device first
+def test_singular_matrices_of_a_batch_are_named_as_on_the_cpu(nb):
+    from lu_core._gpu.backend import INFO_ON_HOST_MAX
+
+    assert (nb > INFO_ON_HOST_MAX) == (nb == 70000)
+    A = np.tile(np.eye(2), (nb, 1, 1))
+    A[[nb - 1, 1]] = 0
+    A[nb // 2, 1, 1] = 0
+    with pytest.raises(lu_core.SingularMatrixError) as cpu:
+        lu_core.lu_factor(A)
+    with pytest.raises(lu_core.SingularMatrixError) as gpu:
+        lu_core.lu_factor(cp.asarray(A))
+    assert str(gpu.value) == str(cpu.value)
+    lu_core.lu_factor(cp.asarray(np.tile(np.eye(2), (nb, 1, 1))))  # none singular: no error
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "layout", ["as lu_factor leaves it", "row-major", "every other matrix", "uneven batch", "one matrix of 600"]

@@ -356,6 +356,19 @@ def test_check_pivots_converts_and_finds_the_first_bad_one(asan, dt, how):
         np.testing.assert_array_equal(piv0[ok], flat[ok].astype(np.int64) - 1)
 
 
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_first_nonzero_finds_the_first_singular_matrix(asan, how):
+    """A large batch's info searched on the device: the first non-zero entry's flat index, whichever
+    thread or block meets it first; none left untouched."""
+    info = np.zeros(5000, np.int32)
+    first = np.full(1, np.iinfo(np.uint64).max, np.uint64)
+    _run(asan, _launch.first_nonzero(info, first), how)
+    assert first[0] == np.iinfo(np.uint64).max
+    info[[4999, 3100, 1234]] = [7, -2, 1]  # -2: LAPACK's illegal-argument info counts too
+    _run(asan, _launch.first_nonzero(info, first), how)
+    assert first[0] == 1234
+
+
 @pytest.mark.parametrize(("m", "k"), [(1, 1), (5, 3), (32, 32), (33, 20), (300, 300), (12289, 40)])
 @pytest.mark.parametrize("how", LAUNCHES)
 def test_row_orders_from_pivots(asan, m, k, how):
