@@ -3,11 +3,11 @@
 ``LU_DEVICE=auto`` takes the GPU when CuPy is installed and sees one, and
 otherwise the CPU, saying why in the log and in ``/readyz``. ``LU_DEVICE=gpu``
 refuses to start without a GPU. The worker thread calls :meth:`Device.run` (the
-CPU), or :meth:`Device.launch` and the job's ``compute()`` and ``result()`` (the
-GPU, :attr:`Device.overlaps`, so that another job's upload can run in between): on
-the GPU that copies NumPy inputs in once on the worker's upload stream, computes
-with CuPy arrays (``lu_core`` dispatches on them) and copies the results out once.
-Outputs wrapped in :class:`Resident` stay where they were computed (the
+CPU, and the small jobs a GPU computes on the host), or :meth:`Device.launch` and the
+job's ``compute()`` and ``result()`` (the GPU's other jobs, :meth:`Device.overlapped`,
+so that another job's upload can run in between): on the GPU that copies NumPy inputs
+in once on the worker's upload stream, computes with CuPy arrays (``lu_core`` dispatches
+on them) and copies the results out once. Outputs wrapped in :class:`Resident` stay where they were computed (the
 factorization store keeps them on the device).
 
 Device memory is bounded here, not in the routes. ``LU_GPU_MEMORY_BYTES`` (default

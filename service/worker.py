@@ -27,7 +27,9 @@ request's inputs go up while another's answer comes down. It never waits for a n
 to do so: with nothing queued, the answer is collected at once. A call, the stop and a
 batch-delay wait come after the job in flight is collected; out of device memory while
 uploading beside a job in flight, the worker collects that job and uploads again (the
-memory check before the upload counts one job at a time).
+memory check before the upload counts one job at a time). A job such a device computes whole
+(``Device.overlapped`` false: a GPU's small jobs, computed on the host) runs as on the CPU, its answer
+handed back at once; the job in flight, if any, is collected right after it.
 """
 
 from __future__ import annotations

@@ -81,3 +81,16 @@ def uniform_step(terms: tuple[tuple[int, int, int], ...], nprob: int) -> int | N
     if len(terms) == 1 and terms[0][0] == 1 and terms[0][1] == nprob:
         return terms[0][2]
     return None
+
+
+def diagonal_steps(shape: tuple[int, ...], strides: tuple[int, ...], itemsize: int) -> tuple[int, int] | None:
+    """``(step, s_diag)``, element strides with which entry ``i`` of matrix ``b``'s diagonal is at
+    ``b * step + i * s_diag`` (``b`` over the flattened batch of a ``(*batch, m, n)`` array of byte
+    ``strides``, from its first element), or None where the batch does not step evenly through memory
+    (or a stride is no whole number of elements)."""
+    el = element_strides(strides, itemsize)
+    if el is None:
+        return None
+    batch = tuple(shape[:-2])
+    step = uniform_step(offset_terms(batch, el[:-2], batch), math.prod(batch))
+    return None if step is None else (step, el[-2] + el[-1])

@@ -40,6 +40,7 @@ from lu_core._gpu import _factor, _launch, _libs, _sources, _tuning
 from lu_core._gpu._broadcast import (
     MAX_TERMS,
     block_offsets,
+    diagonal_steps,
     element_strides,
     index_terms,
     offset_terms,
@@ -294,23 +295,21 @@ def solve_fused(
 
 
 def diagonal_info(lu: cp.ndarray) -> cp.ndarray:
-    """``GpuBackend.diagonal_info``: one launch of our kernel, whose module the warm-up loads (CuPy's
-    comparison and reductions compiled at a request's first use: 4.6 s of the H100 service's first
-    5792^2 ``lu_solve`` with ``check_errors`` on 2026-11-27). A batch that does not step evenly
-    through memory gives the kernel a contiguous copy of its diagonals."""
+    """``GpuBackend.diagonal_info``: our kernel, whose module the warm-up loads (CuPy's comparison and
+    reductions compiled at a request's first use: 4.6 s of the H100 service's first 5792^2
+    ``lu_solve`` with ``check_errors`` on 2026-11-27), one launch reading the diagonals in place. A
+    batch that does not step evenly through memory (``_broadcast.diagonal_steps``) gives the kernel a
+    contiguous copy of its diagonals first: a CuPy copy, compiled at its first use per dtype and rank."""
     batch = tuple(lu.shape[:-2])
     nb, k = math.prod(batch), min(lu.shape[-2:])
     if not nb or not k:
         return cp.zeros(batch, cp.int32)
     info = cp.empty(batch, cp.int32)
-    strides = element_strides(lu.strides, lu.dtype.itemsize)
-    step = None if strides is None else uniform_step(offset_terms(batch, strides[:-2], batch), nb)
-    if step is None:
+    steps = diagonal_steps(lu.shape, lu.strides, lu.dtype.itemsize)
+    if steps is None:
         lu = cp.ascontiguousarray(lu.diagonal(axis1=-2, axis2=-1))
-        step, s_diag = k, 1
-    else:
-        s_diag = strides[-2] + strides[-1]
-    _sources.run(_launch.diagonal_info(lu, info, nb, k, step, s_diag))
+        steps = (k, 1)
+    _sources.run(_launch.diagonal_info(lu, info, nb, k, *steps))
     return info
 
 

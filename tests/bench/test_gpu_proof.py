@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -325,6 +326,7 @@ def test_the_gpu_tests_run_beside_the_kernels_in_a_numba_cache_of_their_own_then
     assert own and own.startswith(str(proof.scratch)) and own != os.environ.get("NUMBA_CACHE_DIR")
     assert "tests/service/test_x.py" in argv2 and running2 == set() and shared == proof.env.get("NUMBA_CACHE_DIR")
     assert proof.finished["kernels"].status == "ok"
+    shutil.rmtree(proof.scratch, ignore_errors=True)
 
 
 def test_a_background_part_past_its_limit_is_killed_with_what_it_started(tmp_path, monkeypatch):

@@ -205,6 +205,39 @@ def test_a_job_computed_on_the_host_is_answered_at_once_and_the_job_in_flight_la
     assert answered == [2.0, 1.0, 3.0, 4.0]
 
 
+def test_host_jobs_merged_beside_a_job_in_flight_are_answered_first_and_a_failing_one_alone():
+    """2 and 3 merged into one host call while 1 is in flight: answered before 1 lands; then 4 and 5 on
+    the host, 4 singular (check_errors): the merged call fails, each is answered alone (4 its error),
+    and nothing is left in flight or unanswered."""
+    device = HostAndDevice({2.0, 3.0, 4.0, 5.0})
+    answered: list[float] = []
+
+    async def body(worker: DeviceWorker) -> None:
+        futures = await _hold_first(device, worker, [1.0, 2.0, 3.0])
+        for tag, future in zip((1.0, 2.0, 3.0), futures, strict=True):
+            future.add_done_callback(lambda _, tag=tag: answered.append(tag))
+        _assert_halves(await asyncio.wait_for(asyncio.gather(*futures), 10), [1.0, 2.0, 3.0])
+        singular = {"A": np.zeros((2, 2)), "B": np.full(2, 4.0)}
+        options = {**SOLVE.options, "check_errors": True}
+        bad = asyncio.ensure_future(worker.submit("solve", SOLVE.compute, singular, options))
+        good = _submit(worker, 5.0)
+        results = await asyncio.wait_for(asyncio.gather(bad, good, return_exceptions=True), 10)
+        assert isinstance(results[0], Exception) and "singular" in str(results[0]).lower()
+        _assert_halves([results[1]], [5.0])
+
+    _scenario(device, body, max_batch=8)
+    assert device.events[:7] == [
+        ("upload", [1.0]),
+        ("compute", [1.0]),
+        ("upload", [2.0, 3.0]),  # the stand-in records a merged call's steps; on a GPU: one _HostJob
+        ("compute", [2.0, 3.0]),
+        ("host", [2.0, 3.0]),
+        ("result", [2.0, 3.0]),
+        ("result", [1.0]),
+    ]
+    assert answered == [2.0, 3.0, 1.0]
+
+
 def test_merged_calls_overlap_too_and_a_failed_collect_answers_each_job_alone():
     device = OverlappingDevice()
     device.fail_result = [2.0, 3.0]

@@ -86,6 +86,36 @@ def test_offset_terms_give_block_offsets_for_random_views_and_broadcasts():
     assert {0, 1, 2, 3} <= counts
 
 
+def test_diagonal_steps_address_every_diagonal_entry_of_random_views():
+    """``(step, s_diag)`` put entry i of matrix b's diagonal at b * step + i * s_diag from the view's first
+    element, for every view whose batch steps evenly; None only where it does not."""
+    from lu_core._gpu._broadcast import diagonal_steps
+
+    rng = np.random.default_rng(13)
+    seen = {True: 0, False: 0}
+    for _ in range(300):
+        ndim = int(rng.integers(0, 4))
+        base = np.arange(np.prod([4] * ndim + [5, 6]), dtype=np.float64).reshape([4] * ndim + [5, 6])
+        view = base[tuple(slice(None, None, int(rng.choice([1, 2, -1]))) for _ in range(ndim + 2))]
+        if rng.random() < 0.3:
+            view = np.swapaxes(view, -1, -2)
+        if ndim and rng.random() < 0.2:
+            view = np.broadcast_to(view[:1], view.shape)
+        steps = diagonal_steps(view.shape, view.strides, view.itemsize)
+        flat_view = view.reshape(-1, *view.shape[-2:])  # (a copy where the batch does not merge)
+        diag = np.diagonal(flat_view, axis1=-2, axis2=-1)
+        seen[steps is not None] += 1
+        if steps is None:
+            assert ndim >= 2  # one batch dimension always steps evenly
+            continue
+        step, s_diag = steps
+        first = (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // 8
+        b, i = np.meshgrid(np.arange(diag.shape[0]), np.arange(diag.shape[1]), indexing="ij")
+        np.testing.assert_array_equal(base.reshape(-1)[first + b * step + i * s_diag], diag)
+    assert seen[True] > 100 and seen[False] > 10
+    assert diagonal_steps((2, 3, 3), (9 * 16 + 8, 24, 8), 16) is None  # strides of partial elements
+
+
 def test_index_terms_give_broadcast_index():
     """The solve's problem -> factorization map, computed on the device for large batches when the
     caller passes ``lu_index=None``: ``broadcast_index``'s values."""
