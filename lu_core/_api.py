@@ -227,6 +227,10 @@ def lu_unpack(LU: Any, pivots: Any, unpack_data: bool = True, unpack_pivots: boo
     [[1.0, 3.0], [2.0, 4.0]]
     """
     be = backend_for(LU, pivots)
+    if unpack_data and unpack_pivots:
+        out = be.unpack_direct(LU, pivots)
+        if out is not None:
+            return out
     lu_ = _matrix(be, LU, "LU")
     piv = _pivots(be, pivots)
     check_pivots_shape(piv.shape, lu_.shape)

@@ -9,7 +9,8 @@ functions from NumPy arrays, so it runs the kernels with the backend's launch
 shapes and argument types (the emulator checks each argument against the kernel's
 parameter), without a GPU.
 
-Arrays are passed as pointers (C-contiguous, as the kernels index them), integers as
+Arrays are passed as pointers (C-contiguous, as the kernels index them, but where a kernel takes
+element strides: ``diagonal_info``, ``small_getrs``' right-hand sides), integers as
 the NumPy scalar type of the kernel's parameter: ``int`` is ``np.int32``, ``long
 long`` ``np.int64``.
 """
@@ -96,7 +97,8 @@ def diagonal_info(lu: Any, info: Any, nbatch: int, k: int, s_batch: int, s_diag:
     """``info`` (int32, one per matrix) of ``nbatch`` factorizations read at element ``lu[b * s_batch + i *
     s_diag]`` (``k`` diagonal entries each): a block per matrix, 8 bytes of shared memory."""
     args = (lu, info, np.int64(nbatch), np.int32(k), np.int64(s_batch), np.int64(s_diag))
-    return _per_matrix(f"diagonal_info<{_ctype(lu.dtype)}>", nbatch, args, shared=8)
+    block = min(_tuning.BLOCK, WARP * _ceil_div(k, WARP))  # a warp for a small matrix, not 256 threads idle
+    return Launch("kernels.cu", f"diagonal_info<{_ctype(lu.dtype)}>", grid(nbatch, 1), (block,), 8, args)
 
 
 def unpack(
@@ -120,6 +122,22 @@ def unpack(
         np.int32(want_p),
     )
     return _elementwise("kernels.cu", f"unpack<{_ctype(src.dtype)}>", total, args)
+
+
+def unpack_direct(s: Any, piv: Any, p_mat: Any, lower: Any, upper: Any, first_bad: Any) -> Launch:
+    """P (``(nb, m, m)``), L's and U's transposes (``(nb, k, m)``, ``(nb, n, k)``) of ``nb`` factorizations
+    ``s`` (``(nb, n, m)``: each LU column-major) and their 1-based ``piv`` (``(nb, k)`` int32,
+    range-checked into ``first_bad``): a block per matrix."""
+    nb, n, m = s.shape
+    args = (s, piv, p_mat, lower, upper, np.int64(nb), np.int32(m), np.int32(n), first_bad)
+    return Launch(
+        "kernels.cu",
+        f"unpack_direct<{_ctype(s.dtype)}>",
+        (max(1, min(nb, MAX_BLOCKS)),),
+        (_tuning.UNPACK_DIRECT_BLOCK,),
+        4 * m,
+        args,
+    )
 
 
 def batch_offsets(out: Any, terms: tuple[tuple[int, int, int], ...]) -> Launch:

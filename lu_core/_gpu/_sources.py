@@ -58,7 +58,7 @@ PIVOT_CTYPE = {
 
 def _generic_names() -> tuple[str, ...]:
     names = ["perm_small", "perm_shared", "perm_global", "batch_offsets", "first_nonzero"]
-    for kernel in ("unpack", "gather_rhs", "scatter_rows", "nopivot_refactor", "diagonal_info"):
+    for kernel in ("unpack", "unpack_direct", "gather_rhs", "scatter_rows", "nopivot_refactor", "diagonal_info"):
         names += [f"{kernel}<{t}>" for t in CTYPE.values()]
     names += [f"check_pivots<{t}>" for t in PIVOT_CTYPE.values()]
     return tuple(names)

@@ -52,6 +52,15 @@ import numpy as np
 SMALL_FACTOR_MAX_N = 32
 SMALL_SOLVE_MAX_N = 32
 
+#: ``lu_unpack`` with the defaults on what ``lu_factor`` returns, in one launch (``unpack_direct``: a
+#: block of ``UNPACK_DIRECT_BLOCK`` threads per matrix, the row order in shared memory, the user's
+#: pivots range-checked in it): for matrices up to this order, in batches up to this many (where the
+#: general path's three launches and its pivot check's wait cost more than the work; a guess, not
+#: calibrated: the elementwise ``unpack`` keeps large batches).
+UNPACK_DIRECT_MAX_N = 32
+UNPACK_DIRECT_MAX_BATCH = 1024
+UNPACK_DIRECT_BLOCK = 64
+
 #: Rectangular matrices go to our small-matrix kernel while one matrix
 #: takes at most this much of its shared memory ((m | 1) x n x item size;
 #: above the 48 KiB a block has without opting in, the kernel opts in, up to

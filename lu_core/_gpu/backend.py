@@ -39,7 +39,7 @@ import cupy as cp
 import numpy as np
 
 from lu_core._errors import DeviceMismatchError, DTypeError
-from lu_core._gpu import _factor, _launch, _pivots, _solve, _sources
+from lu_core._gpu import _factor, _launch, _pivots, _solve, _sources, _unpack
 from lu_core._layout import plan_split
 
 #: ``info`` arrays of up to this many entries are copied to the host whole to look for singular
@@ -79,6 +79,9 @@ class GpuBackend:
     def lu_factor_ex(self, a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp.ndarray]:
         with a.device:
             return _factor.lu_factor_ex(a, pivot)
+
+    def unpack_direct(self, LU: Any, pivots: Any) -> tuple[cp.ndarray, cp.ndarray, cp.ndarray] | None:
+        return _unpack.unpack_direct(LU, pivots)  # one launch for small factorizations (see there)
 
     def lu_unpack(
         self, lu: cp.ndarray, piv0: cp.ndarray | None, unpack_data: bool

@@ -172,6 +172,61 @@ __global__ void unpack(const T* __restrict__ src, T* __restrict__ lower, T* __re
     }
 }
 
+// lu_unpack of small factorizations as lu_factor leaves them, in one launch (a block per matrix,
+// grid-stride over the batch): the row order from the user's 1-based pivots in shared memory (thread 0
+// applies the k swaps; an out-of-range pivot records its flat index in *first_bad by atomicMin, as
+// check_pivots does, and is read as no swap, so nothing is indexed with it), then P (m x m, C-ordered),
+// L (m x k, unit diagonal) and U (k x n), both column-major as the general path leaves them (each
+// written as its C-ordered transpose: read and written along LU's columns), by the block's threads.
+// s: each LU's transpose, C-ordered (n x m), i.e. each LU column-major as lu_factor writes it:
+// LU[i, j] = s[j * m + i]. piv: (nbatch, k) int32, C-ordered. Dynamic shared memory: m ints.
+template <typename T>
+__global__ void unpack_direct(const T* __restrict__ s, const int* __restrict__ piv, T* __restrict__ p_mat,
+                              T* __restrict__ lower, T* __restrict__ upper, long long nbatch, int m, int n,
+                              unsigned long long* __restrict__ first_bad) {
+    extern __shared__ int row_of[];
+    const int k = m < n ? m : n;
+    const T one = T(1);
+    const T zero = T(0);
+    for (long long b = blockIdx.x; b < nbatch; b += gridDim.x) {
+        for (int i = threadIdx.x; i < m; i += blockDim.x) row_of[i] = i;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const int* p = piv + b * k;
+            for (int i = 0; i < k; ++i) {
+                const int v = p[i];
+                if (v < 1 || v > m) {
+                    atomicMin(first_bad, (unsigned long long)(b * k + i));
+                    continue;
+                }
+                const int t = row_of[i];
+                row_of[i] = row_of[v - 1];
+                row_of[v - 1] = t;
+            }
+        }
+        __syncthreads();
+        const T* lu = s + b * (long long)m * n;
+        T* P = p_mat + b * (long long)m * m;
+        for (int e = threadIdx.x; e < m * m; e += blockDim.x) {
+            const int i = e / m;
+            P[e] = row_of[e - i * m] == i ? one : zero;
+        }
+        T* Lt = lower + b * (long long)m * k;  // L's transpose: Lt[j * m + i] = L[i, j]
+        for (int e = threadIdx.x; e < k * m; e += blockDim.x) {
+            const int j = e / m;
+            const int i = e - j * m;
+            Lt[e] = i > j ? lu[e] : (i == j ? one : zero);  // e = j * m + i: LU[i, j]
+        }
+        T* Ut = upper + b * (long long)k * n;  // U's transpose: Ut[j * k + i] = U[i, j]
+        for (int e = threadIdx.x; e < n * k; e += blockDim.x) {
+            const int j = e / k;
+            const int i = e - j * k;
+            Ut[e] = j >= i ? lu[j * m + i] : zero;
+        }
+        __syncthreads();  // every thread has read row_of before the next matrix resets it
+    }
+}
+
 // Where each problem's block of an operand starts (element offsets): out[t] =
 // sum over the terms of ((t / inner) % size) * stride, for up to four terms
 // (lu_core/_gpu/_broadcast.py's offset_terms: the operand's batch dimensions,

@@ -375,6 +375,39 @@ def test_the_direct_solve_checks_the_pivots_as_the_general_path_does(rng, monkey
         assert f"value {value} at index {where} is outside [1, 4]" in str(direct.value)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("batch", "m", "n"), [((), 8, 8), ((5,), 6, 3), ((2, 3), 4, 7), ((1024,), 32, 32)])
+def test_the_direct_unpack_gives_the_general_paths_bits_and_errors(rng, batch, m, n, dtype, monkeypatch):
+    """``lu_unpack`` with the defaults on what ``lu_factor`` returns takes ``_unpack.unpack_direct`` (one
+    launch, the user's pivots range-checked in it): the general path's P, L and U bit for bit, and its
+    PivotError naming the first bad pivot."""
+    from lu_core._gpu import _unpack
+    from lu_core._gpu.backend import GpuBackend
+
+    LU, piv = lu_core.lu_factor(cp.asarray(random_matrix(rng, (*batch, m, n), dtype)))
+    taken = []
+    real = _unpack.unpack_direct
+    with monkeypatch.context() as mp:
+        mp.setattr(_unpack, "unpack_direct", lambda *a: taken.append(real(*a)) or taken[-1])
+        got = lu_core.lu_unpack(LU, piv)
+    with monkeypatch.context() as mp:
+        mp.setattr(GpuBackend, "unpack_direct", lambda self, *a: None)
+        want = lu_core.lu_unpack(LU, piv)
+        bad = piv.copy()
+        bad.reshape(-1)[-1] = 0
+        bad.reshape(-1)[min(3, bad.size - 1)] = m + 1  # the first bad one (flat order) is named
+        with pytest.raises(lu_core.PivotError) as general:
+            lu_core.lu_unpack(LU, bad)
+    assert len(taken) == 1 and taken[0] is not None  # the direct path answered
+    for g, w in zip(got, want, strict=True):  # the same layouts too (L and U column-major)
+        assert g.shape == w.shape and g.dtype == w.dtype and g.strides == w.strides
+        np.testing.assert_array_equal(cp.asnumpy(g).view(np.uint8), cp.asnumpy(w).view(np.uint8))
+    with pytest.raises(lu_core.PivotError) as direct:
+        lu_core.lu_unpack(LU, bad)
+    assert any(entry.name == "unpack_direct" for entry in direct.traceback)
+    assert str(direct.value) == str(general.value)
+
+
 def test_singular_raises(rng):
     A = cp.asarray(np.stack([np.eye(3), np.zeros((3, 3))]))
     _, _, info = lu_core.lu_factor_ex(A)

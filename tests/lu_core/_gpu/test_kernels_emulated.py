@@ -19,6 +19,8 @@ checked by ``test_cuda_sources.py`` (compile) and the ``gpu``-marked tests (a le
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -408,30 +410,47 @@ def test_diagonal_info_finds_each_first_zero_across_the_blocks_chunks(asan, how)
     np.testing.assert_array_equal(_diagonal_info(asan, A, 8, k, k * k, k + 1, how), want)
 
 
+DIAGONAL_LAYOUTS = {  # a (*batch, 7, 5) view of the buffer (6, 7, 5) (or (6, 5, 7), stored as transposes)
+    "as lu_factor leaves it": lambda buf: buf.swapaxes(1, 2),
+    "row-major": lambda buf: buf,
+    "every other matrix": lambda buf: buf[::2],
+    "reversed batch": lambda buf: buf[::-1],
+    "broadcast one": lambda buf: np.broadcast_to(buf[2], (4, *buf.shape[1:])),
+    "dimensions of one": lambda buf: buf.reshape(2, 1, 3, 1, *buf.shape[1:]),
+    "columns reversed": lambda buf: buf[:, :, ::-1],
+    "uneven batch": lambda buf: buf.reshape(2, 3, *buf.shape[1:])[:, ::2],
+}
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("layout", ["row-major", "column-major", "every other matrix", "one matrix"])
-def test_diagonal_info_reads_the_diagonal_through_the_strides_the_backend_passes(asan, dtype, layout):
-    """Rectangular factorizations (min(m, n) diagonal entries) as lu_factor leaves them (each matrix
-    column-major), row-major, a batch that skips every other matrix, and one matrix (step 0)."""
-    m, n = 7, 5
+@pytest.mark.parametrize("layout", sorted(DIAGONAL_LAYOUTS))
+def test_diagonal_info_reads_the_diagonals_through_the_steps_the_backend_computes(asan, dtype, layout):
+    """Rectangular factorizations (min(m, n) diagonal entries) in the layouts users pass, read in place
+    with ``_broadcast.diagonal_steps`` (as ``_solve.diagonal_info``) from a pointer to the view's first
+    element: the CPU's info. A batch that does not step evenly has no steps (the backend copies)."""
     rng = np.random.default_rng(6)
-    A = _rand(rng, (6, m, n), dtype) + 3
-    for b, i in ((1, 0), (2, 4), (3, 2), (4, 2)):
-        A[b, i, i] = 0
-    A[4, 3, 3] = 0
-    if layout == "column-major":
-        base, s_batch, s_diag = A.swapaxes(1, 2), m * n, m + 1  # stored as the transpose
-    elif layout == "row-major":
-        base, s_batch, s_diag = A, m * n, n + 1
-    elif layout == "every other matrix":
-        base, s_batch, s_diag = A, 2 * m * n, n + 1
-        A = A[::2]
-    else:
-        base, s_batch, s_diag = A[2], 0, n + 1
-        A = A[2:3]
-    got = _diagonal_info(asan, base, len(A), min(m, n), s_batch, s_diag)
-    np.testing.assert_array_equal(got, backend.CPU_BACKEND.diagonal_info(A))
-    assert got.any()
+    stored_t = layout == "as lu_factor leaves it"
+    buf = _rand(rng, (6, 5, 7) if stored_t else (6, 7, 5), dtype) + 3
+    V = DIAGONAL_LAYOUTS[layout](buf)
+    assert V.shape[-2:] == (7, 5) and np.shares_memory(V, buf)
+    flat = buf.reshape(-1)
+    for b, i in ((1, 0), (2, 4), (3, 2), (4, 2), (4, 3), (5, 1)):  # zeros through the view's own indexing
+        idx = np.unravel_index(b % math.prod(V.shape[:-2]), V.shape[:-2])
+        off = sum(st * j for st, j in zip(V.strides, (*idx, i, i), strict=True)) // V.itemsize
+        off += (V.__array_interface__["data"][0] - buf.__array_interface__["data"][0]) // V.itemsize
+        flat[off] = 0
+    steps = _broadcast.diagonal_steps(V.shape, V.strides, V.itemsize)
+    want = backend.CPU_BACKEND.diagonal_info(V)
+    assert want.any()
+    if layout == "uneven batch":
+        assert steps is None
+        return
+    first = (V.__array_interface__["data"][0] - buf.__array_interface__["data"][0]) // V.itemsize
+    nb = math.prod(V.shape[:-2])
+    info = np.full(nb, -7, np.int32)
+    launch = _launch.diagonal_info(buf, info, nb, 5, *steps)
+    _run(asan, launch._replace(args=(simt.At(np.ascontiguousarray(buf), first), *launch.args[1:])))
+    np.testing.assert_array_equal(info, want.reshape(-1))
 
 
 # ---------------------------------------------------------------- unpack
@@ -465,6 +484,51 @@ def test_unpack_gives_the_cpu_triangles_and_permutation(asan, dtype, shape, layo
         _same(U, want_U, dtype)
     if want_p:
         _same(p_mat, want_P, dtype)
+
+
+def _unpack_direct(exe, LU, piv, how="backend"):
+    """``unpack_direct`` as ``_unpack.unpack_direct`` launches it on ``lu_factor``'s (column-major) LU."""
+    nb, m, n = LU.shape
+    k = min(m, n)
+    s = np.ascontiguousarray(LU.swapaxes(1, 2))
+    P, Lt, Ut = (np.full(shape, 7, LU.dtype) for shape in ((nb, m, m), (nb, k, m), (nb, n, k)))
+    first_bad = np.full(1, np.iinfo(np.uint64).max, np.uint64)
+    _run(exe, _launch.unpack_direct(s, np.ascontiguousarray(piv, np.int32), P, Lt, Ut, first_bad), how)
+    return P, Lt.swapaxes(1, 2), Ut.swapaxes(1, 2), first_bad[0]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 1), (4, 4), (6, 3), (3, 6), (32, 32), (32, 9)], ids=str)
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_unpack_direct_gives_the_cpu_p_l_and_u(asan, dtype, shape, how):
+    """One launch from lu_factor's output and the user's 1-based pivots: the CPU's P, L and U, bit for bit
+    (every output element written: they start as 7s), and no bad pivot reported."""
+    m, n = shape
+    nb = 5
+    LU, piv = backend.CPU_BACKEND.lu_factor_ex(_rand(np.random.default_rng(m * n), (nb, m, n), dtype), True)[:2]
+    P, L, U, bad = _unpack_direct(asan, LU, piv, how)
+    want_P, want_L, want_U = lu_core.lu_unpack(LU, piv)
+    assert bad == np.iinfo(np.uint64).max
+    for got, want in ((P, want_P), (L, want_L), (U, want_U)):
+        _same(got, want, dtype)
+
+
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_unpack_direct_reports_the_first_bad_pivot_and_reads_it_as_no_swap(asan, how):
+    m = n = 5
+    LU, piv = backend.CPU_BACKEND.lu_factor_ex(_rand(np.random.default_rng(3), (4, m, n), np.float64), True)[:2]
+    for flat, value in ((7, 0), (13, m + 1), (2, -1), (19, np.iinfo(np.int32).min), (0, np.iinfo(np.int32).max)):
+        bad = piv.copy()
+        bad.reshape(-1)[flat] = value
+        bad.reshape(-1)[flat + 1 if flat < 19 else 0] = 0 if flat < 19 else 1  # a later bad one is not reported
+        P, _, _, first = _unpack_direct(asan, LU, bad, how)
+        assert first == flat
+        b, i = divmod(flat, n)
+        fixed = bad.copy()
+        fixed[b, i] = i + 1  # "no swap"
+        if flat < 19:
+            fixed.reshape(-1)[flat + 1] = flat % n + 2
+        np.testing.assert_array_equal(P[b], lu_core.lu_unpack(LU[b], fixed[b])[0])  # never out of bounds
 
 
 # ---------------------------------------------------------------- right-hand sides
@@ -660,7 +724,7 @@ def test_no_races_between_the_threads_of_a_block(tsan, dtype):
     """ThreadSanitizer over every kernel that shares memory between threads: the factorization
     (shared memory, shuffles; square and rectangular, several warps a block), the solves (shuffles;
     all three ``trans``), the row orders in shared memory, the refactorization (__syncthreads), the
-    diagonal's first zero (shared memory, atomics and barriers)."""
+    diagonal's first zero (shared memory, atomics and barriers), the one-launch unpack (its row order)."""
     rng = np.random.default_rng(8)
     # Widths 8, 32, 32, 8, 2, 4, 16 (lanes a matrix: one row each); 6 matrices: partial warps.
     for shape in ((8, 8), (32, 32), (45, 6), (6, 45), (2, 2), (3, 3), (12, 12)):
@@ -688,6 +752,10 @@ def test_no_races_between_the_threads_of_a_block(tsan, dtype):
     D[1, [270, 299], [270, 299]] = 0  # in the second chunk only
     got = _diagonal_info(tsan, D, 3, 300, 300 * 300, 301)
     np.testing.assert_array_equal(got, [41, 271, 0])
+    LU, piv = _cpu_factor(_rand(rng, (3, 20, 12), dtype))[:2]  # the row order in shared memory, read across threads
+    P, _, _, bad = _unpack_direct(tsan, LU, piv, how="one block")
+    assert bad == np.iinfo(np.uint64).max
+    np.testing.assert_array_equal(P, lu_core.lu_unpack(LU, piv)[0])
 
 
 # ---------------------------------------------------------------- the checks can fail
