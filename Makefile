@@ -49,7 +49,7 @@ calibrate: $(BIN)/python
 
 # The GPU proof: every GPU check and benchmark in one command, results (at most 8 files)
 # in OUT. On a device machine (no internet, no .venv): `make gpu-wheels` here first, carry
-# .whl, then `make gpu-proof OUT=$$OUT` in two device commands of at most 5.75 and 8 min (15 minutes of device time per session):
+# .whl, then `make gpu-proof OUT=$$OUT` in two device commands of at most 6.25 and 8 min (15 minutes of device time per session):
 # PARTS="env kernels tests service oom", then PARTS="kernels calibrate core-bench batching service-bench"
 # (kernels again: from its cache, or compiled on a fresh machine, before the measurements).
 # Without a GPU, `LU_DEVICE=cpu make gpu-proof OUT=dir` rehearses it (CI runs that).

@@ -62,8 +62,10 @@ def test_rehearsal_limits_are_longer_than_the_device_budget(tmp_path):
     assert gpu_proof.LIMITS[kernels] <= gpu_proof.LIMITS["tests"] - gpu_proof.TESTS_ELSEWHERE_S
     checks, measurements = (sum(gpu_proof.LIMITS[p] for p in c if p not in background) for c in commands)
     measurements += gpu_proof.LIMITS[kernels]
-    assert checks < 540 and measurements < 540 and checks + measurements <= 14 * 60
-    assert sum(v for p, v in gpu_proof.LIMITS.items() if p not in background) <= 11.25 * 60
+    # On one machine (kernels from its cache in the second command): the limits and a minute's start hold
+    # in 15 minutes; on a fresh one for the second command, its compile comes on top (and a second start).
+    assert checks < 540 and measurements < 540 and checks + measurements <= 15 * 60
+    assert sum(v for p, v in gpu_proof.LIMITS.items() if p not in background) + 60 <= 13 * 60
     # The budgeted benchmarks stop early enough to write their reports.
     assert all(gpu_proof.LIMITS[p] > 2 * gpu_proof.REPORT_S for p in ("calibrate", "core-bench"))
 
