@@ -216,7 +216,8 @@ def lu_unpack(LU: Any, pivots: Any, unpack_data: bool = True, unpack_pivots: boo
     DTypeError
         Unsupported ``LU`` dtype or non-integer pivots.
     PivotError
-        A pivot outside ``[1, m]`` (checked before any kernel runs).
+        A pivot outside ``[1, m]`` (checked before it is used as an index; raised before the call
+        returns).
 
     Examples
     --------

@@ -90,6 +90,8 @@ def permutations(piv0: Any, perm: Any) -> Launch:
 
 def first_nonzero(flat: Any, first: Any) -> Launch:
     """The first flat index of a non-zero entry of ``flat`` (int32, contiguous) into ``first`` (one uint64)."""
+    if flat.dtype != np.int32:  # the kernel reads int: another width would be misread
+        raise ValueError(f"first_nonzero reads int32, got {flat.dtype}")
     return _elementwise("kernels.cu", "first_nonzero", flat.size, (flat, np.int64(flat.size), first))
 
 
@@ -129,6 +131,8 @@ def unpack_direct(s: Any, piv: Any, p_mat: Any, lower: Any, upper: Any, first_ba
     ``s`` (``(nb, n, m)``: each LU column-major) and their 1-based ``piv`` (``(nb, k)`` int32,
     range-checked into ``first_bad``): a block per matrix."""
     nb, n, m = s.shape
+    if max(m, n) > _tuning.UNPACK_DIRECT_MAX_N:  # its int index arithmetic and shared row order assume it
+        raise ValueError(f"unpack_direct takes matrices up to {_tuning.UNPACK_DIRECT_MAX_N}, got {m} x {n}")
     args = (s, piv, p_mat, lower, upper, np.int64(nb), np.int32(m), np.int32(n), first_bad)
     return Launch(
         "kernels.cu",

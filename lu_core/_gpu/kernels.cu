@@ -8,8 +8,10 @@
 // size works with any launch shape.
 //
 // Pivot conventions: pivots arrive 1-based (LAPACK) and are range-checked and
-// converted to 0-based by check_pivots, on the device, before any other kernel
-// reads them. No kernel here indexes memory with an unchecked pivot.
+// converted to 0-based by check_pivots, on the device, before the other kernels
+// read them; unpack_direct (and small_lu.cu's small_getrs with its CHECKED flag)
+// read the user's 1-based pivots themselves and range-check each before using it.
+// No kernel here indexes memory with an unchecked pivot.
 
 // Range check and base conversion in one pass. An out-of-range pivot records
 // the smallest offending flat index in *first_bad (initialised to ULLONG_MAX

@@ -408,6 +408,39 @@ def test_the_direct_unpack_gives_the_general_paths_bits_and_errors(rng, batch, m
     assert str(direct.value) == str(general.value)
 
 
+@pytest.mark.parametrize(
+    ("layout", "direct"),
+    [("row-major", False), ("every other matrix", False), ("broadcast", False), ("int64 pivots", False),
+     ("a batch dimension of one", True), ("offset view", True)],
+)  # fmt: skip
+def test_the_direct_unpack_takes_only_what_its_kernel_reads(rng, layout, direct, monkeypatch):
+    """Layouts the kernel does not read (row-major, a strided or broadcast batch, other pivot dtypes) go
+    to the general path; views it reads (a dimension of one, an offset into a larger factorization
+    batch) it answers; every one gives the CPU's P, L and U."""
+    from lu_core._gpu import _unpack
+
+    LU, piv = lu_core.lu_factor(cp.asarray(random_matrix(rng, (6, 5, 5), np.float64)))
+    if layout == "row-major":
+        LU = cp.ascontiguousarray(LU)
+    elif layout == "every other matrix":
+        LU, piv = LU[::2], piv[::2].copy()
+    elif layout == "broadcast":
+        LU, piv = cp.broadcast_to(LU[0], (3, 5, 5)), cp.ascontiguousarray(cp.broadcast_to(piv[0], (3, 5)))
+    elif layout == "int64 pivots":
+        piv = piv.astype(cp.int64)
+    elif layout == "a batch dimension of one":
+        LU, piv = LU.reshape(2, 1, 3, 5, 5), piv.reshape(2, 1, 3, 5)
+    else:
+        LU, piv = LU[2:], piv[2:]
+    taken = []
+    real = _unpack.unpack_direct
+    monkeypatch.setattr(_unpack, "unpack_direct", lambda *a: taken.append(real(*a)) or taken[-1])
+    got = lu_core.lu_unpack(LU, piv)
+    assert (taken[0] is not None) == direct
+    for g, w in zip(got, lu_core.lu_unpack(cp.asnumpy(LU), cp.asnumpy(piv)), strict=True):
+        np.testing.assert_array_equal(cp.asnumpy(g), w)
+
+
 def test_singular_raises(rng):
     A = cp.asarray(np.stack([np.eye(3), np.zeros((3, 3))]))
     _, _, info = lu_core.lu_factor_ex(A)
