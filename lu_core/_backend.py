@@ -46,8 +46,9 @@ class Backend(Protocol):
     def solve_direct(self, LU: Any, pivots: Any, B: Any) -> Any | None:
         """``lu_solve(LU, pivots, B)`` with the default options, like :meth:`factor_direct`."""
 
-    def unpack_direct(self, LU: Any, pivots: Any) -> tuple[Any, Any, Any] | None:
-        """``lu_unpack(LU, pivots)`` with the default options, like :meth:`factor_direct`."""
+    def unpack_direct(self, LU: Any, pivots: Any, trusted: bool = False) -> tuple[Any, Any, Any] | None:
+        """``lu_unpack(LU, pivots)`` with the default options, like :meth:`factor_direct`; ``trusted``:
+        pivots this library just produced (``lu()``), not checked."""
 
     def lu_unpack(self, lu: Any, piv0: Any | None, unpack_data: bool) -> tuple[Any, Any, Any]:
         """``(P, L, U)``; ``P`` is None when ``piv0`` is None, ``L``/``U`` when not

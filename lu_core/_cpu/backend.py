@@ -176,7 +176,7 @@ class CpuBackend:
         lu = s.swapaxes(1, 2).reshape(*batch, m, n)
         return lu, piv.reshape(*batch, k), info.reshape(batch)
 
-    def unpack_direct(self, LU: Any, pivots: Any) -> None:
+    def unpack_direct(self, LU: Any, pivots: Any, trusted: bool = False) -> None:
         return None  # the general path's check and split are one pass each over host memory
 
     def lu_unpack(

@@ -21,6 +21,7 @@ a kernel on another stream still reads it.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import cupy as cp
@@ -59,3 +60,11 @@ def on_device(host: np.ndarray) -> cp.ndarray:
             stream.synchronize()  # uploaded before any stream reads it
             _kept[key] = kept
     return kept
+
+
+@functools.cache
+def placeholders(device_id: int) -> tuple[cp.ndarray, cp.ndarray]:
+    """A kernel's arguments for an index it is not given (int64) and for ``first_bad`` where no pivot can be
+    bad (uint64): never read or written, kept on the device, looked up once per device."""
+    with cp.cuda.Device(device_id):
+        return on_device(np.zeros(1, dtype=np.int64)), on_device(np.zeros(1, dtype=np.uint64))

@@ -28,7 +28,6 @@ nothing up.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 
@@ -46,7 +45,7 @@ from lu_core._gpu._broadcast import (
     offset_terms,
     uniform_step,
 )
-from lu_core._gpu._constants import on_device
+from lu_core._gpu._constants import on_device, placeholders
 from lu_core._gpu._launch import Indexed
 from lu_core._gpu._libs import cublas, cusolver
 from lu_core._gpu._pivots import no_bad_yet, permutations, raise_if_bad
@@ -96,14 +95,6 @@ def _offsets(
 
 
 _ONE_EACH = Indexed(None, 1)  # problem t uses factorization t
-
-
-@functools.cache
-def _placeholders(device_id: int) -> tuple[cp.ndarray, cp.ndarray]:
-    """``small_getrs``' arguments for an index it is not given and for ``first_bad`` where no pivot can
-    be bad: never read or written, kept on the device (``_constants``), looked up once per device."""
-    with cp.cuda.Device(device_id):
-        return on_device(np.zeros(1, dtype=np.int64)), on_device(np.zeros(1, dtype=np.uint64))
 
 
 def lu_solve(
@@ -217,7 +208,7 @@ def _small(
     writes the first bad one's flat index to ``first_bad`` (:func:`no_bad_yet`'s, for
     :func:`raise_if_bad`); without ``first_bad``, pivots known to be in range (``lu_core``'s own)."""
     src, b_at, s_rhs, s_row = _offsets(rhs, out_batch, w3.shape[0], steps=True)
-    spare, no_flag = _placeholders(cp.cuda.runtime.getDevice())
+    spare, no_flag = placeholders(cp.cuda.runtime.getDevice())
     launch = _launch.small_getrs(
         s, piv, lu_at, src, b_at, s_rhs, s_row, w3, op,
         first_bad=no_flag if first_bad is None else first_bad, checked=one_based, spare=spare, conjugate=conjugate,

@@ -80,8 +80,10 @@ class GpuBackend:
         with a.device:
             return _factor.lu_factor_ex(a, pivot)
 
-    def unpack_direct(self, LU: Any, pivots: Any) -> tuple[cp.ndarray, cp.ndarray, cp.ndarray] | None:
-        return _unpack.unpack_direct(LU, pivots)  # one launch for small factorizations (see there)
+    def unpack_direct(
+        self, LU: Any, pivots: Any, trusted: bool = False
+    ) -> tuple[cp.ndarray, cp.ndarray, cp.ndarray] | None:
+        return _unpack.unpack_direct(LU, pivots, trusted)  # one launch for small factorizations (see there)
 
     def lu_unpack(
         self, lu: cp.ndarray, piv0: cp.ndarray | None, unpack_data: bool

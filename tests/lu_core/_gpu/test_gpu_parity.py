@@ -391,7 +391,7 @@ def test_the_direct_unpack_gives_the_general_paths_bits_and_errors(rng, batch, m
         mp.setattr(_unpack, "unpack_direct", lambda *a: taken.append(real(*a)) or taken[-1])
         got = lu_core.lu_unpack(LU, piv)
     with monkeypatch.context() as mp:
-        mp.setattr(GpuBackend, "unpack_direct", lambda self, *a: None)
+        mp.setattr(GpuBackend, "unpack_direct", lambda self, *a, **k: None)
         want = lu_core.lu_unpack(LU, piv)
         bad = piv.copy()
         bad.reshape(-1)[-1] = 0
@@ -406,6 +406,29 @@ def test_the_direct_unpack_gives_the_general_paths_bits_and_errors(rng, batch, m
         lu_core.lu_unpack(LU, bad)
     assert any(entry.name == "unpack_direct" for entry in direct.traceback)
     assert str(direct.value) == str(general.value)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("batch", "m", "n"), [((), 8, 8), ((4,), 7, 3), ((2, 3), 5, 9), ((700,), 32, 32)])
+def test_lu_unpacks_its_own_factorization_in_one_launch(rng, batch, m, n, dtype, monkeypatch):
+    """``lu()`` of small matrices: ``unpack_direct`` on its own pivots (trusted: no flag read back), the
+    general path's P, L and U bit for bit and layout for layout."""
+    from lu_core._gpu import _unpack
+    from lu_core._gpu.backend import GpuBackend
+
+    A = cp.asarray(random_matrix(rng, (*batch, m, n), dtype))
+    taken = []
+    real = _unpack.unpack_direct
+    with monkeypatch.context() as mp:
+        mp.setattr(_unpack, "unpack_direct", lambda *a: taken.append((a[-1], real(*a))) or taken[-1][1])
+        got = lu_core.lu(A)
+    with monkeypatch.context() as mp:
+        mp.setattr(GpuBackend, "unpack_direct", lambda self, *a, **k: None)
+        want = lu_core.lu(A)
+    assert len(taken) == 1 and taken[0][0] is True and taken[0][1] is not None
+    for g, w in zip(got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype and g.strides == w.strides
+        np.testing.assert_array_equal(cp.asnumpy(g).view(np.uint8), cp.asnumpy(w).view(np.uint8))
 
 
 @pytest.mark.parametrize(
