@@ -157,14 +157,25 @@ def test_the_general_path_switch_turns_the_short_paths_off_and_back(monkeypatch)
         def solve_fused(self, a, b, out_batch, left):
             return "fused"
 
+        def unpack_direct(self, LU, pivots, trusted=False):
+            return "unpack"
+
     monkeypatch.setitem(sys.modules, "lu_core._gpu.backend", types.SimpleNamespace(GpuBackend=GpuBackend))
-    direct, fused = GpuBackend.solve_direct, GpuBackend.solve_fused
+    real = {name: getattr(GpuBackend, name) for name in ("solve_direct", "solve_fused", "unpack_direct")}
     with profile_gpu._general_path():
         assert GpuBackend().solve_direct("LU", "pivots", "B") is None
         assert GpuBackend().solve_fused("a", "b", (), True) is None
-    assert GpuBackend.solve_direct is direct and GpuBackend.solve_fused is fused
+        assert GpuBackend().unpack_direct("LU", "pivots", trusted=True) is None
+    assert all(getattr(GpuBackend, name) is method for name, method in real.items())
     assert GpuBackend().solve_direct("LU", "pivots", "B") == "direct"
-    assert {op for op, *_ in profile_gpu.GENERAL_PATH_CASES} == {"lu_solve", "solve"}
+    assert GpuBackend().unpack_direct("LU", "pivots") == "unpack"
+    assert {op for op, *_ in profile_gpu.GENERAL_PATH_CASES} == {"lu_solve", "solve", "lu_unpack"}
+    # every short path a backend may have (the protocol's *_direct and *_fused) is switched off, but
+    # factor_direct, which the GPU backend does not take (lu_factor_ex is one launch already)
+    from lu_core._backend import Backend
+
+    short = {name for name in dir(Backend) if name.endswith(("_direct", "_fused"))}
+    assert set(profile_gpu.SHORT_PATHS) == short - {"factor_direct"}
 
 
 def test_the_profile_report_shows_the_first_large_solve_of_each_fresh_process():
