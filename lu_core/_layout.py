@@ -52,3 +52,10 @@ def plan_split(lu: Any, nb: int, ascontiguousarray: Callable[[Any], Any]) -> Tri
     column_major = bool(st.flags.c_contiguous)
     src = st if column_major else ascontiguousarray(lu3)
     return TriangleSplit(src, column_major, batch, m, n)
+
+
+def column_major_factors(lu: Any) -> Any | None:
+    """``lu``'s factorizations as C-ordered transposes (a view, ``(*batch, n, m)``) where each is column-major
+    in a contiguous batch, as ``lu_factor`` writes them; None otherwise. The short paths' kernels read them so."""
+    s = lu.swapaxes(-1, -2)
+    return s if s.flags.c_contiguous else None

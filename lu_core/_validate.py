@@ -97,3 +97,21 @@ def direct_solve_shape(
     if not n or not nrhs or not problems:
         return None
     return batch, n, nrhs, problems
+
+
+def direct_unpack_shape(
+    LU: Any, pivots: Any, array_type: type, dtypes: frozenset, pivot_dtypes: frozenset
+) -> tuple[tuple[int, ...], int, int, int] | None:
+    """``(batch, m, n, matrices)`` where ``lu_unpack(LU, pivots)`` may skip the general path's validation
+    (as :func:`direct_solve_shape`): exact ``array_type`` arrays, ``LU`` of a dtype in ``dtypes``, ``pivots``
+    of a dtype in ``pivot_dtypes`` and shape ``(*batch, min(m, n))``, no empty size; None otherwise."""
+    if type(LU) is not array_type or type(pivots) is not array_type:
+        return None
+    if LU.ndim < 2 or LU.dtype not in dtypes or pivots.dtype not in pivot_dtypes:
+        return None
+    batch = tuple(LU.shape[:-2])
+    m, n = LU.shape[-2:]
+    matrices = math.prod(batch)
+    if not m or not n or not matrices or tuple(pivots.shape) != (*batch, min(m, n)):
+        return None
+    return batch, m, n, matrices

@@ -435,7 +435,7 @@ class GpuDevice(Device):
     host_max_n = 0  # LU_GPU_HOST_MAX_N: matrices up to this order are computed on the host
 
     def overlapped(self, compute: Compute, tensors: Mapping[str, Any]) -> bool:
-        return not host_sized(operation_name(compute), tensors, self.host_max_n)
+        return self.overlaps and not host_sized(operation_name(compute), tensors, self.host_max_n)
 
     def merges(self, name: str, tensors: Mapping[str, np.ndarray]) -> bool:
         # On the host (small matrices) the CPU's rule: always.

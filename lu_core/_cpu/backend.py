@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from lu_core._backend import host_nonzero
 from lu_core._batching import broadcast_index
 from lu_core._cpu import _direct, _kernels, _lanes, _lapack, _tuning
 from lu_core._errors import DTypeError, PivotError
@@ -38,7 +39,6 @@ from lu_core._layout import plan_split
 _kernel_lock = _kernels._kernel_lock
 
 _EMPTY_PIV = np.empty((0, 0), np.int32)
-_NONE = np.empty(0, np.intp)
 
 
 def _transposed(a3: np.ndarray) -> np.ndarray:
@@ -313,11 +313,7 @@ class CpuBackend:
         return (zero.any(axis=-1) * (zero.argmax(axis=-1) + 1)).astype(np.int32)
 
     def nonzero_info(self, info: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if not np.count_nonzero(info):  # the common case; ~4x cheaper than ndarray.any()
-            return _NONE, _NONE
-        flat = info.reshape(-1)
-        idx = np.flatnonzero(flat)
-        return idx, flat[idx]
+        return host_nonzero(info)
 
 
 CPU_BACKEND = CpuBackend()

@@ -58,8 +58,9 @@ def _elementwise(source: str, name: str, total: int, args: tuple[Any, ...]) -> L
     return Launch(source, name, grid(total), (_tuning.BLOCK,), 0, args)
 
 
-def _per_matrix(name: str, nbatch: int, args: tuple[Any, ...], shared: int = 0) -> Launch:
-    return Launch("kernels.cu", name, (max(1, min(nbatch, MAX_BLOCKS)),), (_tuning.BLOCK,), shared, args)
+def _per_matrix(name: str, nbatch: int, args: tuple[Any, ...], shared: int = 0, block: int = _tuning.BLOCK) -> Launch:
+    """A block per matrix (grid-stride over the batch past ``MAX_BLOCKS``)."""
+    return Launch("kernels.cu", name, grid(nbatch, 1), (block,), shared, args)
 
 
 def _ctype(dtype: np.dtype) -> str:
@@ -100,7 +101,7 @@ def diagonal_info(lu: Any, info: Any, nbatch: int, k: int, s_batch: int, s_diag:
     s_diag]`` (``k`` diagonal entries each): a block per matrix, 8 bytes of shared memory."""
     args = (lu, info, np.int64(nbatch), np.int32(k), np.int64(s_batch), np.int64(s_diag))
     block = min(_tuning.BLOCK, WARP * _ceil_div(k, WARP))  # a warp for a small matrix, not 256 threads idle
-    return Launch("kernels.cu", f"diagonal_info<{_ctype(lu.dtype)}>", grid(nbatch, 1), (block,), 8, args)
+    return _per_matrix(f"diagonal_info<{_ctype(lu.dtype)}>", nbatch, args, shared=8, block=block)
 
 
 def unpack(
@@ -134,14 +135,7 @@ def unpack_direct(s: Any, piv: Any, p_mat: Any, lower: Any, upper: Any, first_ba
     if max(m, n) > _tuning.UNPACK_DIRECT_MAX_N:  # its int index arithmetic and shared row order assume it
         raise ValueError(f"unpack_direct takes matrices up to {_tuning.UNPACK_DIRECT_MAX_N}, got {m} x {n}")
     args = (s, piv, p_mat, lower, upper, np.int64(nb), np.int32(m), np.int32(n), first_bad)
-    return Launch(
-        "kernels.cu",
-        f"unpack_direct<{_ctype(s.dtype)}>",
-        (max(1, min(nb, MAX_BLOCKS)),),
-        (_tuning.UNPACK_DIRECT_BLOCK,),
-        4 * m,
-        args,
-    )
+    return _per_matrix(f"unpack_direct<{_ctype(s.dtype)}>", nb, args, shared=4 * m, block=_tuning.UNPACK_DIRECT_BLOCK)
 
 
 def batch_offsets(out: Any, terms: tuple[tuple[int, int, int], ...]) -> Launch:

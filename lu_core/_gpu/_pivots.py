@@ -4,11 +4,12 @@ Bases: LAPACK's 1-based pivots outside, 0-based inside our kernels.
 :func:`check_pivots` (users' pivots: range-checked on the device) and
 :func:`own_pivots` (pivots this library just produced: no check, no host
 synchronisation) are the two places that convert in; cuSOLVER and cuBLAS get
-``piv0 + 1`` where they are called. The one exception: the small solve
-(``small_getrs``) reads 1-based pivots itself where ``_solve.solve_direct`` (the
-user's: range-checked there, the first bad one reported through
-:func:`no_bad_yet` / :func:`raise_if_bad`) and ``_solve.solve_fused`` (``small_getrf``'s,
-always in range: no flag read) give it them.
+``piv0 + 1`` where they are called. The exceptions: the small solve
+(``small_getrs``) and the small unpack (``unpack_direct``) read 1-based pivots
+themselves: the user's where ``_solve.solve_direct`` and ``_unpack.unpack_direct`` give them
+(range-checked in the kernel, the first bad one reported through :func:`no_bad_yet` /
+:func:`raise_if_bad`), ours where ``_solve.solve_fused`` and ``lu()`` do (``small_getrf``'s,
+always in range: no flag read).
 """
 
 from __future__ import annotations
@@ -44,17 +45,19 @@ def no_bad_yet() -> cp.ndarray:
     return first_bad
 
 
-def any_bad(first_bad: cp.ndarray) -> bool:
-    """Whether a kernel wrote an index to ``first_bad``: one 8-byte copy, waited for."""
-    return bool(first_bad.get()[0] != _NO_BAD)
+def first_index(first_bad: cp.ndarray) -> int | None:
+    """The index a kernel wrote to a ``first_bad`` flag (:func:`no_bad_yet`), None if none: one 8-byte copy,
+    waited for (a pivot check's first bad pivot, ``first_nonzero``'s first singular matrix)."""
+    value = first_bad.get()[0]
+    return None if value == _NO_BAD else int(value)
 
 
 def raise_if_bad(first_bad: cp.ndarray, pivots: cp.ndarray, m: int) -> None:
     """:class:`PivotError` naming the first bad pivot, the flat index (C order) a kernel wrote to
-    ``first_bad``, if it wrote one. One 8-byte copy, waited for: the error is raised on the host."""
-    bad = first_bad.get()[0]
-    if bad != _NO_BAD:
-        where = np.unravel_index(int(bad), pivots.shape)
+    ``first_bad``, if it wrote one; raised on the host."""
+    bad = first_index(first_bad)
+    if bad is not None:
+        where = np.unravel_index(bad, pivots.shape)
         value = int(pivots[where].get())
         raise PivotError(
             "pivots",

@@ -49,11 +49,10 @@ from lu_core._gpu._constants import on_device, placeholders
 from lu_core._gpu._launch import Indexed
 from lu_core._gpu._libs import cublas, cusolver
 from lu_core._gpu._pivots import no_bad_yet, permutations, raise_if_bad
+from lu_core._layout import column_major_factors
 from lu_core._validate import direct_solve_shape
 
 _N, _T, _C = 0, 1, 2  # op(A): A, A^T, A^H (our kernels' codes)
-_DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
-_INT32 = frozenset((np.dtype(np.int32),))
 _CUBLAS_OP = {_N: "CUBLAS_OP_N", _T: "CUBLAS_OP_T", _C: "CUBLAS_OP_C"}
 
 
@@ -223,18 +222,14 @@ def solve_direct(LU: object, pivots: object, B: object) -> cp.ndarray | None:
     the kernel reads the user's pivots as they are and range-checks them itself (no ``check_pivots``
     launch, no converted copy), then raises as the general path would. The general path's launch
     (the same kernel, the same arithmetic): the same bits. Anything else: None."""
-    shape = direct_solve_shape(LU, pivots, B, cp.ndarray, _DTYPES, _INT32)
+    shape = direct_solve_shape(LU, pivots, B, cp.ndarray, _sources.DTYPES, _sources.INT32)
     if shape is None or _tuning.solve_path(shape[1], shape[3], shape[2]) != "own":
         return None
     batch, n, nrhs, nprob = shape
     dt = LU.dtype
     device = LU.device
-    s = LU.swapaxes(-1, -2)  # the factors as the kernel reads them: a view when each LU is column-major
-    if (
-        pivots.device.id != device.id
-        or B.device.id != device.id
-        or not (s.flags.c_contiguous and pivots.flags.c_contiguous)
-    ):
+    s = column_major_factors(LU)  # the factors as the kernel reads them
+    if s is None or not pivots.flags.c_contiguous or pivots.device.id != device.id or B.device.id != device.id:
         return None
     with device:
         w = cp.empty((*batch, nrhs, n), dtype=dt)
@@ -269,7 +264,7 @@ def solve_fused(
     nrhs = rhs.shape[-2]
     batch = tuple(a.shape[:-2])
     nb, nprob = math.prod(batch), math.prod(out_batch)
-    if b.dtype != dt or dt not in _DTYPES or not (nb and n and nprob and nrhs) or b.device.id != a.device.id:
+    if b.dtype != dt or dt not in _sources.DTYPES or not (nb and n and nprob and nrhs) or b.device.id != a.device.id:
         return None
     if _tuning.solve_path(n, nprob, nrhs) != "own" or not _tuning.own_kernel(n, n, dt):
         return None

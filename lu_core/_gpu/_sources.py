@@ -44,6 +44,8 @@ CTYPE = {
     np.dtype(np.complex64): "complex<float>",
     np.dtype(np.complex128): "complex<double>",
 }
+DTYPES = frozenset(CTYPE)  # what our kernels are instantiated for
+INT32 = frozenset((np.dtype(np.int32),))  # the pivots the short paths' kernels read
 PIVOT_CTYPE = {
     (1, True): "signed char",
     (1, False): "unsigned char",

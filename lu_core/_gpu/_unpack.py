@@ -12,14 +12,13 @@ the row orders and ``unpack``: three).
 
 from __future__ import annotations
 
-import math
-
 import cupy as cp
-import numpy as np
 
 from lu_core._gpu import _launch, _sources, _tuning
 from lu_core._gpu._constants import placeholders
 from lu_core._gpu._pivots import no_bad_yet, raise_if_bad
+from lu_core._layout import column_major_factors
+from lu_core._validate import direct_unpack_shape
 
 
 def unpack_direct(
@@ -28,20 +27,15 @@ def unpack_direct(
     """``(P, L, U)`` of ``lu_unpack(LU, pivots)`` with the default options, or None where the general
     path takes it (then it validates and reports whatever is wrong). ``trusted``: pivots ``lu_core``
     just produced (``lu()``): always in range, so no flag is set or read back (no wait for the device)."""
-    if type(LU) is not cp.ndarray or type(pivots) is not cp.ndarray:
+    shape = direct_unpack_shape(LU, pivots, cp.ndarray, _sources.DTYPES, _sources.INT32)
+    if shape is None:
         return None
-    if LU.ndim < 2 or LU.dtype not in _sources.CTYPE or pivots.dtype != np.int32:
-        return None
-    batch = tuple(LU.shape[:-2])
-    m, n = LU.shape[-2:]
+    batch, m, n, nb = shape
     k = min(m, n)
-    nb = math.prod(batch)
-    if not k or not nb or max(m, n) > _tuning.UNPACK_DIRECT_MAX_N or nb > _tuning.UNPACK_DIRECT_MAX_BATCH:
+    if max(m, n) > _tuning.UNPACK_DIRECT_MAX_N or nb > _tuning.UNPACK_DIRECT_MAX_BATCH:
         return None
-    s = LU.swapaxes(-1, -2)  # a view, C-ordered when each LU is column-major with a contiguous batch
-    if tuple(pivots.shape) != (*batch, k) or not (s.flags.c_contiguous and pivots.flags.c_contiguous):
-        return None
-    if pivots.device.id != LU.device.id:
+    s = column_major_factors(LU)
+    if s is None or not pivots.flags.c_contiguous or pivots.device.id != LU.device.id:
         return None
     dt = LU.dtype
     with LU.device:

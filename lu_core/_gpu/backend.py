@@ -25,9 +25,11 @@ Peak device memory, relative to the input (``A`` or ``B``; ``LU`` for unpack):
   transposed trsm path adds one ``X``-sized buffer for the row permutation.
   A broadcast ``LU`` is never copied: problems point at it.
 
-Run on devices four times (an H200, then an H100; the latest:
-``bench/results/2026-11-27-gpu-proof-h100-run4``): every GPU test passes; slower than PyTorch
-CUDA on small calls, about even with it on large ones (see the README's GPU section).
+Run on devices four times (an H200, then an H100; the latest, at 2ee2246:
+``bench/results/2026-11-27-gpu-proof-h100-run4``): every GPU test passed; slower than PyTorch
+CUDA on small calls, about even with it on large ones (see the README's GPU section). The
+kernels and paths added after it (``diagonal_info``, ``first_nonzero``, ``unpack_direct``) are
+unverified on a device.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import Any
 import cupy as cp
 import numpy as np
 
+from lu_core._backend import NO_ENTRIES, host_nonzero
 from lu_core._errors import DeviceMismatchError, DTypeError
 from lu_core._gpu import _factor, _launch, _pivots, _solve, _sources, _unpack
 from lu_core._layout import plan_split
@@ -47,7 +50,6 @@ from lu_core._layout import plan_split
 #: ``lu_factor`` took 376 us, of which ``np.flatnonzero`` over its info 85 and the copy, waiting
 #: for the kernel too, 150).
 INFO_ON_HOST_MAX = 1 << 16
-_NONE = np.empty(0, np.intp)
 
 
 class GpuBackend:
@@ -141,18 +143,14 @@ class GpuBackend:
             return _solve.diagonal_info(lu)
 
     def nonzero_info(self, info: cp.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        with info.device:
-            flat = cp.ascontiguousarray(info).reshape(-1)
-            if flat.size > INFO_ON_HOST_MAX:  # searched on the device: one launch and an 8-byte copy
+        if info.size > INFO_ON_HOST_MAX:  # searched on the device first: one launch and an 8-byte copy
+            with info.device:
+                flat = cp.ascontiguousarray(info).reshape(-1)
                 first = _pivots.no_bad_yet()
                 _sources.run(_launch.first_nonzero(flat, first))
-                if not _pivots.any_bad(first):
-                    return _NONE, _NONE
-            host = cp.asnumpy(flat)  # raising needs the host: one copy (small, or something to raise)
-        if not np.count_nonzero(host):  # the common case; the search over a large batch costs ~85 us
-            return _NONE, _NONE
-        idx = np.flatnonzero(host)
-        return idx, host[idx]
+                if _pivots.first_index(first) is None:
+                    return NO_ENTRIES, NO_ENTRIES
+        return host_nonzero(cp.asnumpy(info))  # raising needs the host: one copy (small, or one is singular)
 
 
 GPU_BACKEND = GpuBackend()

@@ -302,3 +302,35 @@ def test_small_index_arrays_are_uploaded_once_per_device_and_contents(monkeypatc
     kept = dict(_constants._kept)
     assert _constants.on_device(index + 100) is not _constants.on_device(index + 100)
     assert _constants._kept == kept and _constants.on_device(index) is kept[(1, "<i8", (8,), index.tobytes())]
+
+
+def test_the_direct_unpack_takes_lu_factors_output_only():
+    """``_validate.direct_unpack_shape`` and ``_layout.column_major_factors``, which decide what
+    ``_unpack.unpack_direct`` gives its kernel, on NumPy arrays: lu_factor's layout (each matrix
+    column-major, a contiguous batch, also behind an offset or with dimensions of one) passes; other
+    layouts, pivot dtypes and shapes, empty sizes and other array types do not."""
+    from lu_core._layout import column_major_factors
+    from lu_core._validate import direct_unpack_shape
+
+    dtypes, int32 = frozenset({np.dtype(np.float64)}), frozenset({np.dtype(np.int32)})
+    LU = np.zeros((6, 4, 5)).swapaxes(-1, -2)  # (6, 5, 4), each matrix column-major, as lu_factor writes it
+    piv = np.ones((6, 4), np.int32)
+
+    def direct(lu, p):
+        shape = direct_unpack_shape(lu, p, np.ndarray, dtypes, int32)
+        return shape is not None and column_major_factors(lu) is not None and p.flags.c_contiguous
+
+    assert direct_unpack_shape(LU, piv, np.ndarray, dtypes, int32) == ((6,), 5, 4, 6)
+    assert direct(LU, piv)
+    assert direct(LU[2:], piv[2:])  # a view behind an offset
+    assert direct(LU.reshape(2, 1, 3, 5, 4), piv.reshape(2, 1, 3, 4))  # dimensions of one
+    assert direct(LU[0], piv[0])  # one matrix
+    assert not direct(np.ascontiguousarray(LU), piv)  # row-major
+    assert not direct(LU[::2], piv[::2].copy())  # a strided batch
+    assert not direct(np.broadcast_to(LU[0], (3, 5, 4)), piv[:3])  # a broadcast batch
+    assert not direct(LU, piv.astype(np.int64))  # another pivot dtype (the general path converts)
+    assert not direct(LU, piv[:, :3])  # pivots of another shape (the general path names it)
+    assert not direct(LU.astype(np.float32), piv)  # a dtype not in the set
+    assert not direct(LU[:0], piv[:0])  # an empty batch
+    assert direct_unpack_shape(LU.tolist(), piv, np.ndarray, dtypes, int32) is None  # not the array type
+    assert direct_unpack_shape(np.zeros(3), np.ones(3, np.int32), np.ndarray, dtypes, int32) is None
