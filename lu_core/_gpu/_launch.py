@@ -23,6 +23,9 @@ import numpy as np
 
 from lu_core._gpu import _broadcast, _sources, _tuning
 
+#: The largest ``int`` of the kernels (32-bit index arithmetic where every index fits).
+INT_MAX = 2**31 - 1
+
 #: Lanes of a warp: shared by the small kernels' groups of lanes (one group per matrix or vector).
 WARP = 32
 
@@ -124,7 +127,9 @@ def unpack(
         np.int32(want_data),
         np.int32(want_p),
     )
-    return _elementwise("kernels.cu", f"unpack<{_ctype(src.dtype)}>", total, args)
+    blocks = grid(total)[0]
+    index = "int" if total + blocks * _tuning.BLOCK <= INT_MAX else "long long"  # t + stride never wraps
+    return _elementwise("kernels.cu", f"unpack<{_ctype(src.dtype)}, {index}>", total, args)
 
 
 def unpack_direct(s: Any, piv: Any, p_mat: Any, lower: Any, upper: Any, first_bad: Any) -> Launch:

@@ -137,24 +137,27 @@ __global__ void diagonal_info(const T* __restrict__ lu, int* __restrict__ info, 
 // diagonal goes to upper with ones on lower's diagonal when unit_lower, the
 // other way round otherwise (a column-major LU is split as its transpose, with
 // the roles swapped). P (m x m, C-contiguous) gets P[b, perm[b, j], j] = 1.
-template <typename T>
+// I: the index type, int where every index and the grid-stride loop's last step fit in it (the
+// launch checks), else long long: a 64-bit division is emulated in tens of instructions, and this
+// memory-bound pass does two per element (_launch.unpack picks it).
+template <typename T, typename I>
 __global__ void unpack(const T* __restrict__ src, T* __restrict__ lower, T* __restrict__ upper,
                        long long nbatch, int r, int c, int unit_lower, const int* __restrict__ perm,
                        T* __restrict__ p_mat, int m, int want_data, int want_p) {
     const int kk = r < c ? r : c;
-    const long long data_total = want_data ? nbatch * (long long)r * c : 0;
-    const long long p_total = want_p ? nbatch * (long long)m * m : 0;
-    const long long total = data_total + p_total;
-    const long long stride = (long long)gridDim.x * blockDim.x;
+    const I data_total = want_data ? (I)(nbatch * (long long)r * c) : 0;
+    const I p_total = want_p ? (I)(nbatch * (long long)m * m) : 0;
+    const I total = data_total + p_total;
+    const I stride = (I)gridDim.x * blockDim.x;
     const T one = T(1);
     const T zero = T(0);
-    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
+    for (I t = (I)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
         if (t < data_total) {
-            const long long per = (long long)r * c;
-            const long long b = t / per;
-            const long long rem = t - b * per;
+            const I per = (I)r * c;
+            const I b = t / per;
+            const I rem = t - b * per;
             const int i = (int)(rem / c);
-            const int j = (int)(rem - (long long)i * c);
+            const int j = (int)(rem - (I)i * c);
             const T v = src[t];
             if (j < kk) {
                 lower[(b * r + i) * kk + j] = i > j ? v : (i == j ? (unit_lower ? one : v) : zero);
@@ -163,12 +166,12 @@ __global__ void unpack(const T* __restrict__ src, T* __restrict__ lower, T* __re
                 upper[(b * kk + i) * c + j] = j > i ? v : (j == i ? (unit_lower ? v : one) : zero);
             }
         } else {
-            const long long u = t - data_total;
-            const long long per = (long long)m * m;
-            const long long b = u / per;
-            const long long rem = u - b * per;
+            const I u = t - data_total;
+            const I per = (I)m * m;
+            const I b = u / per;
+            const I rem = u - b * per;
             const int i = (int)(rem / m);
-            const int j = (int)(rem - (long long)i * m);
+            const int j = (int)(rem - (I)i * m);
             p_mat[u] = perm[b * m + j] == i ? one : zero;
         }
     }

@@ -334,3 +334,20 @@ def test_the_direct_unpack_takes_lu_factors_output_only():
     assert not direct(LU[:0], piv[:0])  # an empty batch
     assert direct_unpack_shape(LU.tolist(), piv, np.ndarray, dtypes, int32) is None  # not the array type
     assert direct_unpack_shape(np.zeros(3), np.ones(3, np.int32), np.ndarray, dtypes, int32) is None
+
+
+def test_the_unpack_takes_32_bit_indices_wherever_they_fit():
+    """_launch.unpack's index type: int while every element index and the grid-stride loop's last step
+    fit (one 8192^2 matrix: P, L and U, 2^27 elements), long long past that (the shapes stand in for
+    arrays: zero-stride views, no memory)."""
+    from lu_core._gpu import _launch
+
+    def name(nb, m, want_p=True):
+        src = np.broadcast_to(np.zeros(1), (nb, m, m))
+        return _launch.unpack(src, src, src, True, src, src, m, True, want_p).name
+
+    assert name(1, 8192) == "unpack<double, int>"
+    assert name(1, 8) == "unpack<double, int>"
+    assert name(16, 8192) == "unpack<double, long long>"  # 2^31 elements
+    big = int(np.sqrt((_launch.INT_MAX - _launch.MAX_BLOCKS * _tuning.BLOCK) / 2))  # just fits, with the loop's step
+    assert name(1, big) == "unpack<double, int>" and name(1, big + 1, True) == "unpack<double, long long>"

@@ -460,7 +460,12 @@ def test_diagonal_info_reads_the_diagonals_through_the_steps_the_backend_compute
 @pytest.mark.parametrize("shape", [(4, 4), (6, 3), (3, 6), (40, 40)], ids=str)
 @pytest.mark.parametrize("layout", ["column-major", "row-major"])
 @pytest.mark.parametrize("want", ["both", "data", "P"])
-def test_unpack_gives_the_cpu_triangles_and_permutation(asan, dtype, shape, layout, want):
+@pytest.mark.parametrize("index", ["int", "long long"])
+def test_unpack_gives_the_cpu_triangles_and_permutation(asan, dtype, shape, layout, want, index, monkeypatch):
+    """The element-wise unpack, with 32-bit index arithmetic (where every index fits: the launch checks)
+    and 64-bit (forced here by a smaller limit)."""
+    if index == "long long":
+        monkeypatch.setattr(_launch, "INT_MAX", 0)
     m, n = shape
     nb = 3
     A = _rand(np.random.default_rng(m + n), (nb, m, n), dtype)
@@ -477,7 +482,9 @@ def test_unpack_gives_the_cpu_triangles_and_permutation(asan, dtype, shape, layo
         perm = np.ascontiguousarray(backend.CPU_BACKEND.pivots_to_permutation((piv - 1).astype(np.int32), m))
     p_mat = np.full((nb, m, m), 7, dtype) if want_p else np.empty(0, dtype)
     src = np.ascontiguousarray(plan.src)
-    _run(asan, _launch.unpack(src, lower, upper, plan.unit_lower, perm, p_mat, m, unpack_data, want_p))
+    launch = _launch.unpack(src, lower, upper, plan.unit_lower, perm, p_mat, m, unpack_data, want_p)
+    assert launch.name.endswith(f", {index}>")
+    _run(asan, launch)
     if unpack_data:
         L, U = plan.assemble(lower, upper)
         _same(L, want_L, dtype)
