@@ -161,6 +161,12 @@ def test_a_lone_job_is_collected_at_once():
     ]
 
 
+def _note_answers(futures: list[asyncio.Future], tags: list[float], answered: list[float]) -> None:
+    """Append each job's tag to ``answered`` when its answer comes (the order the worker handed them back)."""
+    for tag, future in zip(tags, futures, strict=True):
+        future.add_done_callback(lambda _, tag=tag: answered.append(tag))
+
+
 class HostAndDevice(OverlappingDevice):
     """A GPU whose jobs tagged in ``on_host`` are small enough for the host (LU_GPU_HOST_MAX_N): computed
     whole (``run``, recorded), not started in steps."""
@@ -187,8 +193,7 @@ def test_a_job_computed_on_the_host_is_answered_at_once_and_the_job_in_flight_la
 
     async def body(worker: DeviceWorker) -> None:
         futures = await _hold_first(device, worker, [1.0, 2.0, 3.0, 4.0])
-        for tag, future in zip((1.0, 2.0, 3.0, 4.0), futures, strict=True):
-            future.add_done_callback(lambda _, tag=tag: answered.append(tag))
+        _note_answers(futures, [1.0, 2.0, 3.0, 4.0], answered)
         _assert_halves(await asyncio.wait_for(asyncio.gather(*futures), 10), [1.0, 2.0, 3.0, 4.0])
 
     _scenario(device, body)
@@ -214,8 +219,7 @@ def test_host_jobs_merged_beside_a_job_in_flight_are_answered_first_and_a_failin
 
     async def body(worker: DeviceWorker) -> None:
         futures = await _hold_first(device, worker, [1.0, 2.0, 3.0])
-        for tag, future in zip((1.0, 2.0, 3.0), futures, strict=True):
-            future.add_done_callback(lambda _, tag=tag: answered.append(tag))
+        _note_answers(futures, [1.0, 2.0, 3.0], answered)
         _assert_halves(await asyncio.wait_for(asyncio.gather(*futures), 10), [1.0, 2.0, 3.0])
         singular = {"A": np.zeros((2, 2)), "B": np.full(2, 4.0)}
         options = {**SOLVE.options, "check_errors": True}

@@ -351,3 +351,20 @@ def test_the_unpack_takes_32_bit_indices_wherever_they_fit():
     assert name(16, 8192) == "unpack<double, long long>"  # 2^31 elements
     big = int(np.sqrt((_launch.INT_MAX - _launch.MAX_BLOCKS * _tuning.BLOCK) / 2))  # just fits, with the loop's step
     assert name(1, big) == "unpack<double, int>" and name(1, big + 1, True) == "unpack<double, long long>"
+
+
+def test_the_short_kernels_launches_refuse_what_their_kernels_would_misread():
+    """unpack_direct's int index arithmetic and m-int shared row order take matrices up to
+    UNPACK_DIRECT_MAX_N; first_nonzero reads int32. Anything else is a ValueError naming it, not a launch."""
+    import pytest
+
+    from lu_core._gpu import _launch
+
+    big = _tuning.UNPACK_DIRECT_MAX_N + 1
+    s = np.zeros((1, 4, big))
+    flag = np.zeros(1, np.uint64)
+    with pytest.raises(ValueError, match=f"up to {_tuning.UNPACK_DIRECT_MAX_N}, got {big} x 4"):
+        _launch.unpack_direct(s, np.ones((1, 4), np.int32), s, s, s, flag)
+    with pytest.raises(ValueError, match="reads int32, got int64"):
+        _launch.first_nonzero(np.zeros(70000, np.int64), flag)
+    assert _launch.first_nonzero(np.zeros(70000, np.int32), flag).name == "first_nonzero"
