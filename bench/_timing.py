@@ -121,7 +121,10 @@ def machine() -> dict[str, str]:
         facts["jax"] = f"{jax.__version__} (XLA CPU: {jax.device_count()} device, intra-op threads on every core)"
     except ImportError:
         facts["jax"] = "not installed"
-    facts["BLAS libraries loaded (SciPy's is lu_core's LAPACK)"] = _blas()
+    from lu_core._cpu import _lapack
+
+    facts["lu_core's LAPACK (LU_CORE_LAPACK)"] = _lapack.lapack().name
+    facts["BLAS libraries loaded"] = _blas()
     facts["lu_core threads"] = (
         f"Numba {numba.get_num_threads()} ({numba.config.THREADING_LAYER} layer), "
         f"LAPACK per-matrix pool {len(os.sched_getaffinity(0))}"

@@ -85,7 +85,7 @@ bud() { buildah bud --isolation chroot --layers --format docker --build-arg "PYT
 # The intermediate stages are tagged too: an untagged stage is "dangling" once built
 # (nothing is built FROM it; the targets COPY from it) and the prune below would throw
 # its cached layers away, the CUDA wheels with them.
-stages=(deps code kernels)
+stages=(deps deps-cpu code kernels)
 [ "$TARGET" = gpu ] && stages=(deps deps-gpu code kernels)
 for stage in "${stages[@]}"; do
     tag="localhost/lu-service-stage:$stage"

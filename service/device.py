@@ -407,7 +407,21 @@ class Launched:
 
 
 class CpuDevice(Device):
-    pass
+    """The CPU: ``lu_core``'s NumPy backend. Large matrices go to the LAPACK that ``LU_CORE_LAPACK``
+    picks (``lu_core._cpu._lapack``: MKL where its wheel is installed), chosen here, at start-up,
+    so that a bad value stops the service (exit 2) instead of failing its first large request."""
+
+    def __init__(self, note: str | None = None, **kwargs: Any) -> None:
+        super().__init__(note, **kwargs)
+        from lu_core._cpu import _lapack
+
+        try:
+            self.lapack = _lapack.lapack().name
+        except (ValueError, RuntimeError) as exc:
+            raise DeviceUnavailableError(str(exc)) from None
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "lapack": self.lapack}
 
 
 class GpuDevice(Device):
@@ -895,8 +909,9 @@ def gpu_problem(index: int) -> str | None:
 def select_device(settings: Settings) -> Device:
     """The device the settings ask for; raises :class:`DeviceUnavailableError` for gpu without one."""
     if settings.device == "cpu":
-        log.info("computing on the CPU (LU_DEVICE=cpu)")
-        return CpuDevice(retry_after_s=settings.retry_after_s)
+        cpu = CpuDevice(retry_after_s=settings.retry_after_s)
+        log.info("computing on the CPU (LU_DEVICE=cpu; LAPACK: %s)", cpu.lapack)
+        return cpu
     problem = gpu_problem(settings.gpu_id)
     if problem is None:
         device = GpuDevice(
@@ -913,5 +928,6 @@ def select_device(settings: Settings) -> Device:
     if settings.device == "gpu":
         raise DeviceUnavailableError(f"LU_DEVICE=gpu but no GPU is usable: {problem}")
     note = f"no GPU: {problem}; computing on the CPU"
-    log.warning("LU_DEVICE=auto: %s", note)
-    return CpuDevice(note=note, retry_after_s=settings.retry_after_s)
+    cpu = CpuDevice(note=note, retry_after_s=settings.retry_after_s)
+    log.warning("LU_DEVICE=auto: %s (LAPACK: %s)", note, cpu.lapack)
+    return cpu

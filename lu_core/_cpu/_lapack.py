@@ -1,4 +1,4 @@
-"""Per-matrix LAPACK (through SciPy) over a batch of large matrices.
+"""Per-matrix LAPACK (MKL's, else SciPy's OpenBLAS: ``LU_CORE_LAPACK``) over a batch of large matrices.
 
 Each matrix is big enough that a call's overhead is noise. Matrices up to
 ``_tuning.LAPACK_POOL_MAX_N`` are cut into grains (about 16 per worker) that the calling
@@ -17,7 +17,13 @@ lu_core from one worker thread.
 
 Arrays follow the CPU backend's storage: ``s[b]`` is the transposed matrix,
 so ``s[b].T`` is the Fortran-ordered matrix LAPACK wants, with no copy.
-Pivots here are LAPACK's as SciPy gives them: 0-based int32.
+Pivots here are 0-based int32 (as SciPy's wrappers give them; MKL's 1-based ones are shifted).
+
+Which LAPACK: ``LU_CORE_LAPACK`` read at the first call, ``auto`` (the default: MKL where the
+``mkl`` wheel is installed, see ``_mkl``, else SciPy's), ``mkl`` (an error without the wheel) or
+``scipy``. Both follow LAPACK's pivot rule (first largest ``|re| + |im|``); their rounding differs, so
+a process keeps one for its lifetime. The rules above on thread counts hold for both (threadpoolctl
+controls MKL as it does OpenBLAS; MKL's threads are the GNU OpenMP runtime's, as Numba's).
 """
 
 from __future__ import annotations
@@ -33,12 +39,127 @@ import numpy as np
 from scipy.linalg import get_lapack_funcs
 from threadpoolctl import ThreadpoolController
 
-from lu_core._cpu import _kernels, _tuning
+from lu_core._cpu import _kernels, _mkl, _tuning
+
+#: ``LU_CORE_LAPACK``'s values.
+CHOICES = ("auto", "mkl", "scipy")
 
 _lock = threading.Lock()
 _blas_counter = threading.Lock()  # guards _blas_users and _blas_saved (below)
 _pool: ThreadPoolExecutor | None = None
 _blas: list = []  # threadpoolctl's controllers of the loaded BLAS libraries, found with the pool
+_chosen: Lapack | None = None
+
+
+class Lapack:
+    """The LAPACK this process calls: ``factor(dtype)`` gives ``f(a, piv0) -> info`` (``a`` column-major,
+    factored in place; 0-based pivots into the contiguous ``piv0``), ``solve(dtype)`` gives
+    ``f(lu, piv0, b, trans) -> None`` (``b`` column-major, overwritten; ``piv0`` left as it is)."""
+
+    name = "SciPy (OpenBLAS)"
+
+    def factor(self, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], int]:
+        (fn,) = get_lapack_funcs(("getrf",), dtype=dtype)
+
+        def call(a: np.ndarray, piv0: np.ndarray) -> int:
+            lu, p, info = fn(a, overwrite_a=1)
+            if not np.shares_memory(lu, a):  # pragma: no cover - SciPy copied
+                a[...] = lu
+            piv0[...] = p
+            return info
+
+        return call
+
+    def solve(self, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray, np.ndarray, int], None]:
+        (fn,) = get_lapack_funcs(("getrs",), dtype=dtype)
+
+        def call(lu: np.ndarray, piv0: np.ndarray, b: np.ndarray, trans: int) -> None:
+            # A copy of the pivots for every call: SciPy's ?getrs wrapper turns the array it is given
+            # into LAPACK's 1-based pivots in place, calls LAPACK with the GIL released, then turns
+            # it back. Right-hand sides broadcast over one factorization share one pivot row, and two
+            # pool threads doing that to one array at once left out-of-range pivots for LAPACK to
+            # follow (other bits; heap corruption, measured).
+            x, _ = fn(lu, piv0.copy(), b, trans=trans, overwrite_b=1)
+            if not np.shares_memory(x, b):  # pragma: no cover - SciPy copied
+                b[...] = x
+
+        return call
+
+    def one_thread(self, task: Callable[[int, int], None]) -> Callable[[int, int], None]:
+        """``task`` with this LAPACK held to one thread in the thread that runs it, where that is not
+        the process's BLAS setting (which :func:`_one_blas_thread` holds for SciPy's OpenBLAS)."""
+        return task
+
+
+class MklLapack(Lapack):
+    """MKL's ``?getrf``/``?getrs`` (``_mkl``), on the same arrays, which must be column-major."""
+
+    def __init__(self, mkl: _mkl.Mkl) -> None:
+        self.mkl = mkl
+        self.name = f"MKL ({mkl.version})"
+
+    def one_thread(self, task: Callable[[int, int], None]) -> Callable[[int, int], None]:
+        set_local = self.mkl.set_local_threads
+
+        def run(lo: int, hi: int) -> None:
+            previous = set_local(1)
+            try:
+                task(lo, hi)
+            finally:
+                set_local(previous)
+
+        return run
+
+    def factor(self, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], int]:
+        getrf = self.mkl.getrf(dtype)
+
+        def call(a: np.ndarray, piv0: np.ndarray) -> int:
+            _column_major(a)
+            info = getrf(a, piv0)
+            piv0 -= 1
+            return info
+
+        return call
+
+    def solve(self, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray, np.ndarray, int], None]:
+        getrs = self.mkl.getrs(dtype)
+
+        def call(lu: np.ndarray, piv0: np.ndarray, b: np.ndarray, trans: int) -> None:
+            _column_major(lu, b)
+            getrs(lu, piv0 + 1, b, trans)  # a 1-based copy: rows of piv0 are shared by broadcast solves
+
+        return call
+
+
+def _column_major(*arrays: np.ndarray) -> None:
+    for a in arrays:
+        if not a.flags.f_contiguous:  # pragma: no cover - _lapack's callers always pass transposed C storage
+            raise ValueError("internal: MKL is given a matrix that is not column-major")
+
+
+def lapack() -> Lapack:
+    """The LAPACK this process calls, chosen by ``LU_CORE_LAPACK`` at the first call and kept."""
+    global _chosen
+    if _chosen is None:
+        with _lock:
+            if _chosen is None:
+                _chosen = choose(os.environ.get("LU_CORE_LAPACK", "auto"))
+    return _chosen
+
+
+def choose(choice: str) -> Lapack:
+    """The LAPACK for ``LU_CORE_LAPACK=choice`` (loading MKL if it is chosen)."""
+    choice = choice.strip().lower() or "auto"
+    if choice not in CHOICES:
+        raise ValueError(f"LU_CORE_LAPACK must be one of {', '.join(CHOICES)}, not {choice[:40]!r}")
+    if choice == "scipy":
+        return Lapack()
+    mkl = _mkl.load()
+    if mkl is not None:
+        return MklLapack(mkl)
+    if choice == "mkl":
+        raise RuntimeError("LU_CORE_LAPACK=mkl, but the mkl wheel is not installed: pip install 'lu-service[mkl]'")
+    return Lapack()
 
 
 def _workers() -> int:
@@ -69,9 +190,12 @@ def _run_chunked(task: Callable[[int, int], None], count: int, n: int) -> None:
     if _pool is None:
         with _lock:
             if _pool is None:
-                _blas = ThreadpoolController().select(user_api="blas").lib_controllers
+                # MKL's count is per thread: Lapack.one_thread holds it, not the process-wide setting.
+                blas = ThreadpoolController().select(user_api="blas").lib_controllers
+                _blas = [lib for lib in blas if lib.internal_api != "mkl"]
                 _pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="lu_core-lapack")
     workers = min(_WORKERS, count)
+    task = lapack().one_thread(task)
     try:
         # One BLAS thread even for a single matrix, so that it rounds as it would in a batch.
         _one_blas_thread()
@@ -188,7 +312,7 @@ def getrf(
     that LAPACK finds it in cache and, on the pool, the copies run on every core (100 x 128
     x 128 float64: 6.0 ms against 9.5 with one transposing copy of the whole batch first).
     """
-    (fn,) = get_lapack_funcs(("getrf",), dtype=s.dtype)
+    factor = lapack().factor(s.dtype)
     transpose = _kernels.transpose_into.serial
     src = _copied_ahead(src, transposed, s, max(s.shape[1:]))
 
@@ -199,12 +323,7 @@ def getrf(
                     transpose(src[b : b + 1], s[b : b + 1])
                 else:
                     s[b] = src[b]
-            view = s[b].T
-            lu, p, inf = fn(view, overwrite_a=1)
-            if not np.shares_memory(lu, view):  # pragma: no cover - SciPy copied
-                view[...] = lu
-            piv0[b] = p
-            info[b] = inf
+            info[b] = factor(s[b].T, piv0[b])
 
     _run_chunked(task, s.shape[0], max(s.shape[1:]))
 
@@ -215,7 +334,7 @@ def getrs(
     """Solve in place on ``w[t].T`` with factorization ``lu_index[t]``;
     ``trans`` is 0 (A), 1 (A^T) or 2 (A^H). With ``src`` (C-contiguous, ``src[t] == w[t].T``
     wanted), each ``src[t]`` is first transposed into ``w[t]`` by the thread that solves it."""
-    (fn,) = get_lapack_funcs(("getrs",), dtype=s.dtype)
+    solve = lapack().solve(s.dtype)
     transpose = _kernels.transpose_into.serial
     src = _copied_ahead(src, True, w, s.shape[-1])
 
@@ -224,14 +343,6 @@ def getrs(
             if src is not None:
                 transpose(src[t : t + 1], w[t : t + 1])
             j = lu_index[t]
-            rhs = w[t].T
-            # A copy of the pivots for every call: SciPy's ?getrs wrapper turns the array it is given
-            # into LAPACK's 1-based pivots in place, calls LAPACK with the GIL released, then turns
-            # it back. Right-hand sides broadcast over one factorization share ``piv0[j]``, and two
-            # pool threads doing that to one array at once left out-of-range pivots for LAPACK to
-            # follow (other bits; heap corruption, measured).
-            x, _ = fn(s[j].T, piv0[j].copy(), rhs, trans=trans, overwrite_b=1)
-            if not np.shares_memory(x, rhs):  # pragma: no cover - SciPy copied
-                rhs[...] = x
+            solve(s[j].T, piv0[j], w[t].T, trans)
 
     _run_chunked(task, w.shape[0], s.shape[-1])

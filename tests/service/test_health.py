@@ -176,3 +176,16 @@ def test_gpu_without_a_gpu_fails_and_auto_falls_back(monkeypatch):
         select_device(Settings(device="gpu"))
     auto = select_device(Settings(device="auto"))
     assert auto.kind == "cpu" and "CuPy is not installed" in auto.describe()["note"]
+
+
+def test_the_cpu_names_its_lapack_and_a_bad_choice_stops_the_start(monkeypatch, caplog):
+    from lu_core._cpu import _lapack
+
+    with caplog.at_level(logging.INFO, logger="service.device"):
+        cpu = select_device(Settings(device="cpu"))
+    assert cpu.describe()["lapack"] == _lapack.lapack().name
+    assert f"LAPACK: {cpu.describe()['lapack']}" in caplog.text
+    monkeypatch.setattr(_lapack, "_chosen", None)  # chosen afresh, as in a new process
+    monkeypatch.setenv("LU_CORE_LAPACK", "openblas")
+    with pytest.raises(DeviceUnavailableError, match="LU_CORE_LAPACK must be one of auto, mkl, scipy"):
+        select_device(Settings(device="cpu"))

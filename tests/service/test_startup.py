@@ -81,6 +81,15 @@ def test_bad_flags_exit_2_with_a_message(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_a_bad_lapack_choice_exits_2_with_a_message(monkeypatch, capsys):
+    from lu_core._cpu import _lapack
+
+    monkeypatch.setattr(_lapack, "_chosen", None)
+    monkeypatch.setenv("LU_CORE_LAPACK", "openblas")
+    assert service_main(["--device", "cpu", "--port", "0", "--no-warmup"]) == 2
+    assert "LU_CORE_LAPACK must be one of auto, mkl, scipy, not 'openblas'" in capsys.readouterr().err
+
+
 def test_flags_override_the_environment(monkeypatch):
     monkeypatch.setenv("LU_PORT", "1234")
     monkeypatch.setenv("LU_LOG_JSON", "true")

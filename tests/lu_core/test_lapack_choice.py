@@ -1,0 +1,195 @@
+"""The per-matrix LAPACK path on each LAPACK it can call (``LU_CORE_LAPACK``: MKL, SciPy's OpenBLAS).
+
+The rest of the suite runs on the one the process picks (MKL where the ``mkl`` wheel is installed,
+as ``make test`` installs it); here every LAPACK-path operation runs on both, forced onto LAPACK
+at every size, and must agree: same pivots, the same answers within rounding, the same ``info`` for
+singular matrices, and on each of them a matrix gets the same bits alone as inside a batch,
+pooled (one thread per call) and threaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import lu_core
+from lu_core._cpu import _lapack, _mkl, _tuning
+from tests.helpers import DTYPES, assert_close, cpu_path, random_matrix, well_conditioned
+
+HAVE_MKL = _mkl.library_path() is not None
+needs_mkl = pytest.mark.skipif(not HAVE_MKL, reason="the mkl wheel is not installed (pip install 'lu-service[mkl]')")
+
+
+@contextlib.contextmanager
+def using(lapack: _lapack.Lapack) -> Iterator[None]:
+    saved = _lapack._chosen
+    _lapack._chosen = lapack
+    try:
+        yield
+    finally:
+        _lapack._chosen = saved
+
+
+def _providers() -> list:
+    out = [pytest.param("scipy", id="scipy")]
+    out.append(pytest.param("mkl", id="mkl", marks=needs_mkl))
+    return out
+
+
+@pytest.fixture(scope="module")
+def chosen() -> dict[str, _lapack.Lapack]:
+    return {"scipy": _lapack.choose("scipy"), **({"mkl": _lapack.choose("mkl")} if HAVE_MKL else {})}
+
+
+# ------------------------------------------------------------------ the choice
+
+
+def test_choice_names_and_refusals(monkeypatch):
+    assert type(_lapack.choose("scipy")) is _lapack.Lapack
+    assert _lapack.choose(" SciPy ").name == "SciPy (OpenBLAS)"
+    with pytest.raises(ValueError, match=r"LU_CORE_LAPACK must be one of auto, mkl, scipy, not 'openblas'"):
+        _lapack.choose("openblas")
+    with pytest.raises(ValueError, match="LU_CORE_LAPACK") as info:
+        _lapack.choose("x" * 10_000)
+    assert len(str(info.value)) < 120  # the value is cut, not echoed in full
+    monkeypatch.setattr(_mkl, "library_path", lambda: None)  # as without the wheel
+    assert type(_lapack.choose("auto")) is _lapack.Lapack
+    assert type(_lapack.choose("")) is _lapack.Lapack
+    with pytest.raises(RuntimeError, match=r"pip install 'lu-service\[mkl\]'"):
+        _lapack.choose("mkl")
+
+
+@needs_mkl
+def test_auto_takes_mkl_where_installed_and_the_process_keeps_its_choice(monkeypatch):
+    chosen = _lapack.choose("auto")
+    assert isinstance(chosen, _lapack.MklLapack)
+    assert chosen.name.startswith("MKL (Intel(R) oneAPI Math Kernel Library")
+    monkeypatch.setenv("LU_CORE_LAPACK", "scipy")  # read once: a later change does not switch mid-process
+    first = _lapack.lapack()
+    assert _lapack.lapack() is first
+
+
+def test_environment_variable_is_read_at_the_first_call(monkeypatch):
+    monkeypatch.setattr(_lapack, "_chosen", None)
+    monkeypatch.setenv("LU_CORE_LAPACK", "scipy")
+    assert type(_lapack.lapack()) is _lapack.Lapack
+    monkeypatch.setattr(_lapack, "_chosen", None)
+    monkeypatch.setenv("LU_CORE_LAPACK", "bogus")
+    with pytest.raises(ValueError, match="LU_CORE_LAPACK"):
+        lu_core.lu_factor(np.eye(_tuning.FACTOR_KERNEL_MAX_N + 1))
+
+
+# ------------------------------------------------------------------ the same answers on both
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 40, 40), (2, 50, 30), (2, 30, 50), (1, 1, 1), (2, 130, 130)], ids=str)
+def test_mkl_and_scipy_agree(rng, chosen, dtype, shape):
+    A = random_matrix(rng, shape, dtype)
+    out = {}
+    with cpu_path("lapack"):
+        for name in ("scipy", "mkl"):
+            with using(chosen[name]):
+                LU, piv, info = lu_core.lu_factor_ex(A)
+                out[name] = (LU, piv, info)
+                P, L, U = lu_core.lu_unpack(LU, piv)
+                assert_close(P @ L @ U, A, dtype, max(shape[-2:]))
+    np.testing.assert_array_equal(out["mkl"][1], out["scipy"][1])  # LAPACK's pivot rule on both
+    np.testing.assert_array_equal(out["mkl"][2], out["scipy"][2])
+    assert_close(out["mkl"][0], out["scipy"][0], dtype, max(shape[-2:]), scale=float(np.abs(A).max()) * 4)
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("left", [True, False])
+@pytest.mark.parametrize("adjoint", [False, True])
+@pytest.mark.parametrize("nrhs", [1, 7])
+def test_solves_agree(rng, chosen, dtype, left, adjoint, nrhs):
+    n = 45
+    A = well_conditioned(rng, (3, n, n), dtype)
+    B = random_matrix(rng, (3, n, nrhs) if left else (3, nrhs, n), dtype)
+    X = {}
+    with cpu_path("lapack"):
+        LU, piv = lu_core.lu_factor(A)
+        for name in ("scipy", "mkl"):
+            with using(chosen[name]):
+                X[name] = lu_core.lu_solve(LU, piv, B, left=left, adjoint=adjoint)
+                broadcast = lu_core.lu_solve(LU[:1], piv[:1], B, left=left, adjoint=adjoint)  # one LU, 3 systems
+                Ah = A.conj().swapaxes(-1, -2) if adjoint else A
+                assert_close(Ah @ X[name] if left else X[name] @ Ah, B, dtype, n, scale=4 * n)
+                assert_close(broadcast[0], X[name][0], dtype, n, scale=4 * n)
+    assert_close(X["mkl"], X["scipy"], dtype, n, scale=4 * n)
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_singular_and_empty_agree(chosen, dtype):
+    n = 40
+    A = np.zeros((3, n, n), dtype)
+    A[0] = np.eye(n)
+    A[1] = np.eye(n)
+    A[1][7, 7] = 0  # first zero pivot at column 8 (1-based)
+    A[2][:, 3:] = 1  # rank 2 from the fourth column on
+    E = np.zeros((0, n, n), dtype)
+    with cpu_path("lapack"):
+        outs = {}
+        for name in ("scipy", "mkl"):
+            with using(chosen[name]):
+                outs[name] = lu_core.lu_factor_ex(A)
+                LU, piv, info = lu_core.lu_factor_ex(E)
+                assert LU.shape == (0, n, n) and piv.shape == (0, n) and info.shape == (0,)
+                with pytest.raises(lu_core.SingularMatrixError):
+                    lu_core.solve(A[1], np.ones(n, dtype))
+    np.testing.assert_array_equal(outs["mkl"][2], outs["scipy"][2])
+    assert outs["mkl"][2][0] == 0 and outs["mkl"][2][1] == 8 and outs["mkl"][2][2] > 0
+    np.testing.assert_array_equal(outs["mkl"][1], outs["scipy"][1])
+
+
+# ------------------------------------------------------------------ alone = inside a batch, on each
+
+
+def _bits(x: np.ndarray) -> bytes:
+    return np.ascontiguousarray(x).tobytes()
+
+
+@pytest.mark.parametrize("provider", _providers())
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [32, _tuning.LAPACK_POOL_MAX_N + 1])
+def test_alone_equals_inside_a_batch_on_each(rng, chosen, provider, dtype, n):
+    """On MKL's GNU threading layer its thread count is per thread: a pool thread left at MKL's
+    default (two threads) gave other bits for a 32 x 64 complex ``getrs`` than the calling thread, in
+    some runs only (MKL's dynamic thread count): the next test pins the count itself."""
+    size = 5 if n < 100 else 2
+    A = well_conditioned(rng, (size, n, n), dtype)
+    B = random_matrix(rng, (size, n, 64), dtype)
+    with cpu_path("lapack"), using(chosen[provider]):
+        LU, piv = lu_core.lu_factor(A)
+        X = lu_core.lu_solve(LU, piv, B)
+        XR = lu_core.lu_solve(LU, piv, B.swapaxes(-1, -2), left=False)
+        for i in range(size):
+            LUi, pivi = lu_core.lu_factor(A[i])
+            assert _bits(LUi) == _bits(LU[i]) and _bits(pivi) == _bits(piv[i]), f"factor {i}"
+            assert _bits(lu_core.lu_solve(LUi, pivi, B[i])) == _bits(X[i]), f"solve {i}"
+            assert _bits(lu_core.lu_solve(LUi, pivi, B[i].T, left=False)) == _bits(XR[i]), f"right solve {i}"
+
+
+@needs_mkl
+def test_pool_threads_run_mkl_on_one_thread_and_give_it_back(chosen):
+    mkl = chosen["mkl"].mkl
+    seen: list[tuple[str, int]] = []
+
+    def task(lo: int, hi: int) -> None:
+        seen.append((threading.current_thread().name, mkl._lib.MKL_Get_Max_Threads()))
+
+    with using(chosen["mkl"]):
+        _lapack._run_chunked(task, 64, _tuning.LAPACK_POOL_MAX_N)  # pooled: this thread and the pool's
+        assert {threads for _, threads in seen} == {1}
+        assert mkl.set_local_threads(0) == 0  # this thread's own count was given back
+        seen.clear()
+        _lapack._run_chunked(task, 1, _tuning.LAPACK_POOL_MAX_N + 1)  # threaded: MKL's own count
+        assert seen == [(threading.current_thread().name, mkl._lib.MKL_Get_Max_Threads())]
