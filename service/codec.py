@@ -221,7 +221,10 @@ def _typed_tensor(
             f"{name}: declared shape {list(shape)}, data nested as {list(arr.shape)} "
             "(send it flat, or nested as declared)",
         )
-    return arr.astype(dtype.newbyteorder("="), copy=False).reshape(shape)
+    # A float64 value past float32's (or float16's) range becomes +-inf, as a non-finite value sent as
+    # such would: allowed input, so no RuntimeWarning for it in the log.
+    with np.errstate(over="ignore"):
+        return arr.astype(dtype.newbyteorder("="), copy=False).reshape(shape)
 
 
 def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -276,7 +279,9 @@ def _oip_dtype(name: str, datatype: Any) -> np.dtype:
         return DATATYPES[datatype]
     except KeyError:
         raise invalid(
-            "invalid_dtype", f"{name}: datatype {brief(datatype)} is not one of {', '.join(DATATYPES)}"
+            "invalid_dtype",
+            f"{name}: datatype {brief(datatype)} is unknown; the operations take FP32, FP64, COMPLEX64 or COMPLEX128 "
+            "matrices and INT32 or INT64 pivots",
         ) from None
 
 

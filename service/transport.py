@@ -47,7 +47,7 @@ def request_format(request: Request) -> tuple[Literal["json", "binary"], str | N
     or none (a form, say) is still a 415, since such a body is certainly not an inference request.
     """
     content_type = (header(request, b"content-type") or "").split(";")[0].strip().lower()
-    header_length = header(request, _HEADER_LENGTH)
+    header_length = _framing_length(request)
     if content_type not in ("", "application/json", "application/octet-stream"):
         raise ServiceError(
             415,
@@ -60,6 +60,24 @@ def request_format(request: Request) -> tuple[Literal["json", "binary"], str | N
     # Triton's rule: without Inference-Header-Content-Length the body is JSON, whatever its
     # content type (tritonclient.http.aio sends JSON bodies as application/octet-stream).
     return "json", None
+
+
+def _framing_length(request: Request) -> str | None:
+    """Inference-Header-Content-Length, given once or repeated with one value; 400 where repeats
+    disagree (which one a proxy or another server would take is anyone's guess: the header decides
+    where the tensors' bytes start)."""
+    found: str | None = None
+    for key, value in request.scope["headers"]:
+        if key == _HEADER_LENGTH:
+            text = value.decode("latin-1").strip()
+            if found is not None and text != found:
+                raise bad_request(
+                    "malformed_header",
+                    f"Inference-Header-Content-Length is given more than once, with different values "
+                    f"({brief(found)} and {brief(text)})",
+                )
+            found = text
+    return found
 
 
 async def read_body(request: Request) -> memoryview | bytes:

@@ -119,6 +119,20 @@ async def test_binary_framing_errors(client, mutate, code):
     assert_error(await client.post("/lu_factor", content=body, headers=headers), 400, code)
 
 
+@pytest.mark.parametrize("path", ["/lu_factor", "/v2/models/lu_factor/infer"])
+async def test_a_repeated_binary_header_must_repeat_one_value(client, path):
+    body, headers = binary_request({"A": np.eye(3)})
+    hlen = headers["inference-header-content-length"]
+    base = [(k, v) for k, v in headers.items() if k != "inference-header-content-length"]
+    same = [*base, ("inference-header-content-length", hlen), ("Inference-Header-Content-Length", f" {hlen}")]
+    r = await client.post(path, content=body, headers=same)
+    assert r.status_code == 200, r.text
+    for second in (str(int(hlen) - 1), "abc", "9" * 5000):
+        differ = [*base, ("inference-header-content-length", hlen), ("inference-header-content-length", second)]
+        err = assert_error(await client.post(path, content=body, headers=differ), 400, "malformed_header")
+        assert "more than once" in err["error"] and len(err["error"]) < 400
+
+
 async def test_octet_stream_without_the_header_is_json(client):
     # tritonclient.http.aio sends its JSON bodies as application/octet-stream (Triton's rule: JSON).
     r = await client.post(
