@@ -30,14 +30,15 @@ RUN sed '/^cupy-/d' /tmp/constraints.txt > /tmp/requirements.txt \
 
 # Intel MKL for the cpu target's large matrices (lu_core/_cpu/_mkl.py; the gpu target's CPU fallback
 # keeps SciPy's OpenBLAS). Without its intel-openmp and tbb dependencies: MKL runs on the GNU OpenMP
-# layer, Numba's. Without the libraries lu_core never loads (ScaLAPACK, BLACS, cluster FFT, vector
-# math, the 64-bit-integer interface, Intel's and TBB's threading layers): 650 -> 470 MB.
+# layer, Numba's (libgomp1, installed in the runtime stage). Without the libraries lu_core never loads
+# (ScaLAPACK, BLACS, cluster FFT, vector math, the 64-bit-integer interface, Intel's and TBB's threading
+# layers: MKL_THREADING_LAYER=INTEL or TBB would fail in this image): 650 -> 470 MB.
 FROM deps AS deps-cpu
 ARG MKL_VERSION=2026.2.0
 RUN pip install --no-deps "mkl==${MKL_VERSION}" \
-    && cd /opt/venv/lib \
-    && rm -f libmkl_scalapack_* libmkl_blacs_* libmkl_cdft_* libmkl_vml_* libmkl_*ilp64* \
-             libmkl_intel_thread.* libmkl_tbb_thread.* \
+    && rm -f /opt/venv/lib/libmkl_scalapack_* /opt/venv/lib/libmkl_blacs_* /opt/venv/lib/libmkl_cdft_* \
+             /opt/venv/lib/libmkl_vml_* /opt/venv/lib/libmkl_*ilp64* \
+             /opt/venv/lib/libmkl_intel_thread.* /opt/venv/lib/libmkl_tbb_thread.* \
     && rm -rf /opt/venv/share/doc/mkl
 
 FROM deps AS deps-gpu
@@ -81,8 +82,15 @@ RUN python -c "from service.app import warm_up; from service.device import CpuDe
 # Everything that only sets metadata comes before the big COPY, so that after it
 # there are just three small COPY layers (environment, code, Numba cache) and no RUN:
 # with storage that copies each layer in full (buildah's vfs), every step counts.
+# libgomp1: GNU OpenMP, the threading layer of Numba's parallel kernels and of MKL (without it Numba
+# falls back to its workqueue layer, which aborts the process when two threads run parallel kernels at
+# once, and MKL's GNU layer cannot load). Unpinned: bookworm's gcc-12 runtime, security updates taken.
 FROM ${PYTHON_IMAGE} AS runtime
-RUN groupadd --system --gid 10001 lu \
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install --yes --no-install-recommends libgomp1 \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 lu \
     && useradd --system --uid 10001 --gid lu --create-home --home-dir /home/lu lu
 ENV PATH=/opt/app/bin:/opt/venv/bin:$PATH \
     PYTHONPATH=/opt/app \

@@ -42,8 +42,10 @@ PEERS = ("torch", "jax", "scipy", "numpy")
 #: other peers in every earlier run, so it cannot be the best peer there and is left out.
 SCIPY_MAX_BATCH = 100
 WIDE_RHS = 64
-#: How long the harness waits, busy, after a contender whose idle threads spin: OpenBLAS's spin
-#: 2**28 cycles after a threaded call (its default THREAD_TIMEOUT), ~0.1 s at 2.5 GHz; a margin.
+#: How long the harness waits, busy, after a contender whose idle threads may spin: OpenBLAS's spin
+#: 2**28 cycles after a threaded call (its default THREAD_TIMEOUT), ~0.1 s at 2.5 GHz; a margin. (lu_core's
+#: threaded MKL runs on GNU OpenMP with OMP_WAIT_POLICY=PASSIVE, whose threads sleep at once; it waits
+#: anyway above the pool's limit, where lu_core runs on SciPy's OpenBLAS without MKL.)
 SPIN_S = 0.15
 
 
@@ -200,7 +202,7 @@ def render(runs: list[list[dict]], facts: dict[str, str], command: str) -> str:
         "",
         f"Command: `{command}`. Medians over interleaved rounds of each contender (blocks of 3 calls, order",
         "rotated every round, 20 ms apart; after SciPy's and JAX's blocks, and lu_core's where it calls",
-        f"threaded OpenBLAS (n > {lapack_tuning.LAPACK_POOL_MAX_N}), the harness waits {SPIN_S} s, busy, for their",
+        f"threaded LAPACK (n > {lapack_tuning.LAPACK_POOL_MAX_N}), the harness waits {SPIN_S} s, busy, for their",
         "spinning threads to go idle; a peer whose warm call takes over 5× the fastest's is timed by that call",
         "alone); `spread` is lu_core's interquartile range over its median. Headline: lu_core",
         "time / the best peer's time in the same cell (below 1: lu_core faster), shown for every run of the",

@@ -131,7 +131,8 @@ def gpu_merges(name: str, tensors: Mapping[str, np.ndarray]) -> bool:
 
 
 class DeviceUnavailableError(RuntimeError):
-    """``LU_DEVICE=gpu`` was asked for and no GPU is usable."""
+    """``LU_DEVICE=gpu`` was asked for and no GPU is usable, or the CPU's LAPACK (``LU_CORE_LAPACK``) cannot
+    be the one asked for: the service does not start (exit 2)."""
 
 
 class Resident:

@@ -20,15 +20,18 @@ so ``s[b].T`` is the Fortran-ordered matrix LAPACK wants, with no copy.
 Pivots here are 0-based int32 (as SciPy's wrappers give them; MKL's 1-based ones are shifted).
 
 Which LAPACK: ``LU_CORE_LAPACK`` read at the first call, ``auto`` (the default: MKL where the
-``mkl`` wheel is installed, see ``_mkl``, else SciPy's), ``mkl`` (an error without the wheel) or
+``mkl`` wheel is installed and loads, see ``_mkl``, else SciPy's), ``mkl`` (an error without it) or
 ``scipy``. Both follow LAPACK's pivot rule (first largest ``|re| + |im|``); their rounding differs, so
-a process keeps one for its lifetime. The rules above on thread counts hold for both (threadpoolctl
-controls MKL as it does OpenBLAS; MKL's threads are the GNU OpenMP runtime's, as Numba's).
+a process keeps one for its lifetime. The thread rules above hold for both, with one difference in how
+the pooled calls are held to one thread: SciPy's OpenBLAS through threadpoolctl's process-wide setters
+(:func:`_one_blas_thread`), MKL per calling thread (:meth:`MklLapack.one_thread`; on its GNU OpenMP
+layer the count is the thread's own), so MKL's pooled calls leave the process's BLAS setting alone.
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -44,6 +47,8 @@ from lu_core._cpu import _kernels, _mkl, _tuning
 #: ``LU_CORE_LAPACK``'s values.
 CHOICES = ("auto", "mkl", "scipy")
 
+log = logging.getLogger(__name__)
+
 _lock = threading.Lock()
 _blas_counter = threading.Lock()  # guards _blas_users and _blas_saved (below)
 _pool: ThreadPoolExecutor | None = None
@@ -56,7 +61,11 @@ class Lapack:
     factored in place; 0-based pivots into the contiguous ``piv0``), ``solve(dtype)`` gives
     ``f(lu, piv0, b, trans) -> None`` (``b`` column-major, overwritten; ``piv0`` left as it is)."""
 
-    name = "SciPy (OpenBLAS)"
+    #: Whether pooled calls hold it to one thread through the process's BLAS setting (:func:`_one_blas_thread`).
+    process_wide = True
+
+    def __init__(self) -> None:
+        self.name = f"SciPy ({_scipy_lapack()})"
 
     def factor(self, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], int]:
         (fn,) = get_lapack_funcs(("getrf",), dtype=dtype)
@@ -94,9 +103,11 @@ class Lapack:
 class MklLapack(Lapack):
     """MKL's ``?getrf``/``?getrs`` (``_mkl``), on the same arrays, which must be column-major."""
 
+    process_wide = False
+
     def __init__(self, mkl: _mkl.Mkl) -> None:
         self.mkl = mkl
-        self.name = f"MKL ({mkl.version})"
+        self.name = f"MKL ({mkl.version}; {mkl.threading_layer} threading layer)"
 
     def one_thread(self, task: Callable[[int, int], None]) -> Callable[[int, int], None]:
         set_local = self.mkl.set_local_threads
@@ -116,7 +127,7 @@ class MklLapack(Lapack):
         def call(a: np.ndarray, piv0: np.ndarray) -> int:
             _column_major(a)
             info = getrf(a, piv0)
-            piv0 -= 1
+            piv0 -= 1  # 1-based -> this module's 0-based (a few integers against an O(n^3) call)
             return info
 
         return call
@@ -148,18 +159,36 @@ def lapack() -> Lapack:
 
 
 def choose(choice: str) -> Lapack:
-    """The LAPACK for ``LU_CORE_LAPACK=choice`` (loading MKL if it is chosen)."""
+    """The LAPACK for ``LU_CORE_LAPACK=choice`` (loading MKL if it is chosen). Under ``auto`` an MKL
+    that is installed but does not load (a broken or over-pruned install) is logged and passed over."""
     choice = choice.strip().lower() or "auto"
     if choice not in CHOICES:
         raise ValueError(f"LU_CORE_LAPACK must be one of {', '.join(CHOICES)}, not {choice[:40]!r}")
     if choice == "scipy":
         return Lapack()
-    mkl = _mkl.load()
+    try:
+        mkl = _mkl.load()
+    except (OSError, AttributeError, RuntimeError) as exc:
+        if choice == "mkl":
+            raise RuntimeError(f"LU_CORE_LAPACK=mkl, but MKL does not load: {exc}") from exc
+        log.warning("MKL is installed but does not load (%s): large matrices go to SciPy's LAPACK", exc)
+        return Lapack()
     if mkl is not None:
         return MklLapack(mkl)
     if choice == "mkl":
         raise RuntimeError("LU_CORE_LAPACK=mkl, but the mkl wheel is not installed: pip install 'lu-service[mkl]'")
     return Lapack()
+
+
+def _scipy_lapack() -> str:
+    """What SciPy's LAPACK was built against (``scipy-openblas`` in its wheels)."""
+    try:
+        import scipy
+
+        found = scipy.show_config(mode="dicts")["Build Dependencies"]["lapack"]
+        return f"{found['name']} {found.get('version', '')}".strip()
+    except Exception:  # pragma: no cover - an older SciPy without the build record
+        return "its LAPACK"
 
 
 def _workers() -> int:
@@ -178,11 +207,12 @@ _WORKERS = _workers()  # the cores this process may use, read once
 _GRAINS_PER_WORKER = 16
 
 
-def _run_chunked(task: Callable[[int, int], None], count: int, n: int) -> None:
+def _run_chunked(task: Callable[[int, int], None], count: int, n: int, lp: Lapack | None = None) -> None:
     """``task(lo, hi)`` over ``range(count)`` cut into grains, on the pool's threads and the calling
-    thread, with BLAS held to one thread; for ``n`` past ``LAPACK_POOL_MAX_N``, one call on this
-    thread with BLAS threaded. Every grain has ended, or will never start, before this returns or
-    raises (the calling thread's exception if it failed, else the first failed pool worker's)."""
+    thread, with ``lp`` (the task's LAPACK; default :func:`lapack`) held to one thread; for ``n`` past
+    ``LAPACK_POOL_MAX_N``, one call on this thread with BLAS threaded. Every grain has ended, or will
+    never start, before this returns or raises (the calling thread's exception if it failed, else the
+    first failed pool worker's)."""
     global _pool, _blas
     if n > _tuning.LAPACK_POOL_MAX_N:
         task(0, count)  # one matrix at a time, BLAS threaded inside each
@@ -190,21 +220,25 @@ def _run_chunked(task: Callable[[int, int], None], count: int, n: int) -> None:
     if _pool is None:
         with _lock:
             if _pool is None:
-                # MKL's count is per thread: Lapack.one_thread holds it, not the process-wide setting.
+                # Not the MKL lu_core loads itself (``_mkl``): its count is per thread (MklLapack.one_thread).
+                own = _mkl.loaded_path()
                 blas = ThreadpoolController().select(user_api="blas").lib_controllers
-                _blas = [lib for lib in blas if lib.internal_api != "mkl"]
+                _blas = [lib for lib in blas if own is None or os.path.realpath(lib.filepath) != own]
                 _pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="lu_core-lapack")
+    lp = lp or lapack()
     workers = min(_WORKERS, count)
-    task = lapack().one_thread(task)
-    try:
-        # One BLAS thread even for a single matrix, so that it rounds as it would in a batch.
+    task = lp.one_thread(task)
+    # One thread even for a single matrix, so that it rounds as it would in a batch.
+    if lp.process_wide:
         _one_blas_thread()
+    try:
         if workers <= 1:
             task(0, count)
             return
         _share(task, count, workers)
     finally:
-        _restore_blas_threads()
+        if lp.process_wide:
+            _restore_blas_threads()
 
 
 def _share(task: Callable[[int, int], None], count: int, workers: int) -> None:
@@ -312,7 +346,8 @@ def getrf(
     that LAPACK finds it in cache and, on the pool, the copies run on every core (100 x 128
     x 128 float64: 6.0 ms against 9.5 with one transposing copy of the whole batch first).
     """
-    factor = lapack().factor(s.dtype)
+    lp = lapack()
+    factor = lp.factor(s.dtype)
     transpose = _kernels.transpose_into.serial
     src = _copied_ahead(src, transposed, s, max(s.shape[1:]))
 
@@ -325,7 +360,7 @@ def getrf(
                     s[b] = src[b]
             info[b] = factor(s[b].T, piv0[b])
 
-    _run_chunked(task, s.shape[0], max(s.shape[1:]))
+    _run_chunked(task, s.shape[0], max(s.shape[1:]), lp)
 
 
 def getrs(
@@ -334,7 +369,8 @@ def getrs(
     """Solve in place on ``w[t].T`` with factorization ``lu_index[t]``;
     ``trans`` is 0 (A), 1 (A^T) or 2 (A^H). With ``src`` (C-contiguous, ``src[t] == w[t].T``
     wanted), each ``src[t]`` is first transposed into ``w[t]`` by the thread that solves it."""
-    solve = lapack().solve(s.dtype)
+    lp = lapack()
+    solve = lp.solve(s.dtype)
     transpose = _kernels.transpose_into.serial
     src = _copied_ahead(src, True, w, s.shape[-1])
 
@@ -345,4 +381,4 @@ def getrs(
             j = lu_index[t]
             solve(s[j].T, piv0[j], w[t].T, trans)
 
-    _run_chunked(task, w.shape[0], s.shape[-1])
+    _run_chunked(task, w.shape[0], s.shape[-1], lp)

@@ -3,13 +3,13 @@
 Small ``n`` (up to ``REFINE_KERNEL_MAX_N``): :data:`_refine_kernels.refine_small`, one
 thread per system from the low-precision factor to the backward error.
 
-Larger ``n``: LAPACK ``sgetrf``/``cgetrf`` through SciPy, with nothing around it that a
-large system would feel:
+Larger ``n``: LAPACK ``sgetrf``/``cgetrf`` (``_lapack``: MKL's, or SciPy's), with nothing around it
+that a large system would feel:
 
 * one pass over ``A`` makes the low-precision copy and ``||A||_inf`` together
   (:data:`_refine_kernels.cast_rows`);
 * that C-ordered copy of ``A`` is, read column-major, ``A^T``: LAPACK factors it in
-  place (no transposing copy, no copy by SciPy), and the solves use ``A = (A^T)^T``
+  place (no transposing copy, no copy by the wrapper), and the solves use ``A = (A^T)^T``
   (right-side solves through the backend's ``lu_solve``: its kernel or ``?getrs`` with
   ``trans='T'``, by ``_tuning``'s size and dtype rules);
 * the residual ``B - A X`` in the working precision is one kernel pass over ``A``

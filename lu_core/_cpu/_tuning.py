@@ -18,6 +18,11 @@ update loops were made vectorizable:
 A single matrix (batch 1, serial kernel against one LAPACK call) gives the
 same picture: the kernel wins to n = 96 (0.6x) and loses from 128 (1.4x).
 
+These crossovers were measured against SciPy's OpenBLAS. MKL (``_mkl``, used where installed) is
+as fast as OpenBLAS at n = 128 (one 128 x 128 ``getrf``: 0.084-0.088 ms against 0.090-0.096, 2-vCPU
+Intel Xeon, 2026-11-27) and pulls ahead from n = 256, past every kernel/LAPACK crossover below, so
+they stand for both; ``bench.calibrate_cpu`` measures whichever LAPACK the process chose.
+
 Re-run the calibration on new hardware and update these numbers. (That table is the first
 calibration, before the kernels' loops vectorized; the limits below were re-measured since,
 each with its numbers.)

@@ -198,7 +198,7 @@ def test_solve_equals_factor_then_solve(rng, dtype, n, nrhs):
 
 
 @pytest.mark.parametrize("batch", [1, 5])
-def test_lapack_calls_hold_blas_to_one_thread_and_restore_it(rng, batch):
+def test_lapack_calls_hold_blas_to_one_thread_and_restore_it(rng, batch, scipy_lapack):
     """The LAPACK path runs BLAS single-threaded (same bits alone and in a batch) and leaves the
     caller's BLAS thread count as it found it, on success and on failure."""
     from threadpoolctl import threadpool_info, threadpool_limits
@@ -228,6 +228,15 @@ def test_lapack_calls_hold_blas_to_one_thread_and_restore_it(rng, batch):
     assert seen and all(t == [1] * len(_lapack._blas) for t in seen)
 
 
+@pytest.fixture
+def scipy_lapack(monkeypatch):
+    """SciPy's LAPACK for the test: these check the process-wide BLAS hold, which is SciPy's OpenBLAS's
+    (MKL, where installed, is held per thread: tests/lu_core/test_lapack_choice.py)."""
+    from lu_core._cpu import _lapack
+
+    monkeypatch.setattr(_lapack, "_chosen", _lapack.choose("scipy"))
+
+
 def _skip_without_blas() -> None:
     from threadpoolctl import ThreadpoolController
 
@@ -241,7 +250,7 @@ def _blas_threads() -> list[int]:
     return [lib.get_num_threads() for lib in _lapack._blas]
 
 
-def test_concurrent_lapack_calls_keep_one_blas_thread_until_the_last_is_done():
+def test_concurrent_lapack_calls_keep_one_blas_thread_until_the_last_is_done(scipy_lapack):
     """BLAS's thread count is the process's: a call that ends while another thread's call still runs
     LAPACK must not give BLAS its threads back under it."""
     import threading
@@ -289,7 +298,7 @@ def test_concurrent_lapack_calls_keep_one_blas_thread_until_the_last_is_done():
 
 
 @pytest.mark.parametrize("failing", ["caller", "pool"])
-def test_a_failed_grain_waits_for_the_others_before_blas_gets_its_threads_back(monkeypatch, failing):
+def test_a_failed_grain_waits_for_the_others_before_blas_gets_its_threads_back(monkeypatch, failing, scipy_lapack):
     """A grain that fails (on the calling thread or on a pool thread) while the other worker is inside
     its own grain: the call raises that error only once the other grain has ended, BLAS still at one
     thread for it, and no further grain starts."""

@@ -10,6 +10,7 @@ pooled (one thread per call) and threaded.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -50,7 +51,7 @@ def chosen() -> dict[str, _lapack.Lapack]:
 
 def test_choice_names_and_refusals(monkeypatch):
     assert type(_lapack.choose("scipy")) is _lapack.Lapack
-    assert _lapack.choose(" SciPy ").name == "SciPy (OpenBLAS)"
+    assert _lapack.choose(" SciPy ").name.startswith("SciPy (")
     with pytest.raises(ValueError, match=r"LU_CORE_LAPACK must be one of auto, mkl, scipy, not 'openblas'"):
         _lapack.choose("openblas")
     with pytest.raises(ValueError, match="LU_CORE_LAPACK") as info:
@@ -68,9 +69,34 @@ def test_auto_takes_mkl_where_installed_and_the_process_keeps_its_choice(monkeyp
     chosen = _lapack.choose("auto")
     assert isinstance(chosen, _lapack.MklLapack)
     assert chosen.name.startswith("MKL (Intel(R) oneAPI Math Kernel Library")
-    monkeypatch.setenv("LU_CORE_LAPACK", "scipy")  # read once: a later change does not switch mid-process
+    assert chosen.name.endswith("; GNU threading layer)")  # Numba's OpenMP runtime, found here
+    assert _mkl.load() is chosen.mkl  # one MKL per process: its layers are set once, before it computes
+    monkeypatch.setattr(_lapack, "_chosen", None)
+    monkeypatch.setenv("LU_CORE_LAPACK", "auto")
     first = _lapack.lapack()
-    assert _lapack.lapack() is first
+    monkeypatch.setenv("LU_CORE_LAPACK", "scipy")  # read once: a later change does not switch mid-process
+    assert _lapack.lapack() is first and isinstance(first, _lapack.MklLapack)
+
+
+def test_an_mkl_that_does_not_load_is_passed_over_by_auto_and_refused_by_mkl(monkeypatch, caplog):
+    def broken():
+        raise OSError("libmkl_core.so.3: cannot open shared object file")
+
+    monkeypatch.setattr(_mkl, "load", broken)
+    with caplog.at_level(logging.WARNING, logger="lu_core._cpu._lapack"):
+        assert type(_lapack.choose("auto")) is _lapack.Lapack
+    assert "MKL is installed but does not load (libmkl_core.so.3" in caplog.text
+    with pytest.raises(RuntimeError, match="LU_CORE_LAPACK=mkl, but MKL does not load: libmkl_core"):
+        _lapack.choose("mkl")
+
+
+def test_dimensions_past_32_bits_and_refused_arguments_are_named_errors():
+    _mkl._fits(2**31 - 1, 5)
+    with pytest.raises(ValueError, match="2147483648 exceeds LAPACK's 32-bit integers"):
+        _mkl._fits(3, 2**31)
+    assert _mkl._checked(0, "getrf") == 0 and _mkl._checked(7, "getrf") == 7  # info > 0: a zero pivot, data
+    with pytest.raises(RuntimeError, match="internal: MKL's getrs refused its argument 4"):
+        _mkl._checked(-4, "getrs")
 
 
 def test_environment_variable_is_read_at_the_first_call(monkeypatch):
@@ -159,7 +185,7 @@ def _bits(x: np.ndarray) -> bytes:
 
 @pytest.mark.parametrize("provider", _providers())
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [32, _tuning.LAPACK_POOL_MAX_N + 1])
+@pytest.mark.parametrize("n", [32, 33, _tuning.LAPACK_POOL_MAX_N + 1])
 def test_alone_equals_inside_a_batch_on_each(rng, chosen, provider, dtype, n):
     """On MKL's GNU threading layer its thread count is per thread: a pool thread left at MKL's
     default (two threads) gave other bits for a 32 x 64 complex ``getrs`` than the calling thread, in
@@ -179,17 +205,58 @@ def test_alone_equals_inside_a_batch_on_each(rng, chosen, provider, dtype, n):
 
 
 @needs_mkl
-def test_pool_threads_run_mkl_on_one_thread_and_give_it_back(chosen):
+def test_pool_threads_run_mkl_on_one_thread_and_give_it_back(chosen, monkeypatch):
     mkl = chosen["mkl"].mkl
+    monkeypatch.setattr(_lapack, "_WORKERS", 2)  # the caller and one pool thread, whatever this machine's cores
+    both = threading.Barrier(2, timeout=30)  # each worker's first grain waits for the other's: both run one
     seen: list[tuple[str, int]] = []
 
+    pooled = [True]
+
     def task(lo: int, hi: int) -> None:
+        if pooled[0]:
+            both.wait()
         seen.append((threading.current_thread().name, mkl._lib.MKL_Get_Max_Threads()))
 
     with using(chosen["mkl"]):
-        _lapack._run_chunked(task, 64, _tuning.LAPACK_POOL_MAX_N)  # pooled: this thread and the pool's
-        assert {threads for _, threads in seen} == {1}
+        _lapack._run_chunked(task, 2, _tuning.LAPACK_POOL_MAX_N)  # pooled: a grain of one matrix each
+        assert {threads for _, threads in seen} == {1}, seen
+        assert any(name.startswith("lu_core-lapack") for name, _ in seen), seen
         assert mkl.set_local_threads(0) == 0  # this thread's own count was given back
         seen.clear()
+        pooled[0] = False
         _lapack._run_chunked(task, 1, _tuning.LAPACK_POOL_MAX_N + 1)  # threaded: MKL's own count
         assert seen == [(threading.current_thread().name, mkl._lib.MKL_Get_Max_Threads())]
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mkl_rounds_the_same_at_every_alignment(rng, chosen, dtype):
+    """Inside a batch a matrix starts at ``b * n * n * itemsize`` bytes, alone where NumPy's allocator put
+    it: the bits must not depend on the address modulo a cache line (MKL's reproducibility conditions
+    name alignment; on this machine kind it made no difference). One and 64 right-hand sides, each trans."""
+    n = 45
+    A = well_conditioned(rng, (n, n), dtype)
+    B = random_matrix(rng, (n, 64), dtype)
+    itemsize = np.dtype(dtype).itemsize
+    factor, solve = chosen["mkl"].factor(np.dtype(dtype)), chosen["mkl"].solve(np.dtype(dtype))
+
+    def at(x: np.ndarray, offset: int) -> np.ndarray:  # a column-major copy of x at offset bytes past 64
+        raw = np.empty(x.nbytes + 128, np.uint8)
+        start = (-raw.ctypes.data) % 64 + offset
+        y = raw[start : start + x.nbytes].view(x.dtype).reshape(x.shape[::-1]).T
+        y[...] = x
+        return y
+
+    results = []
+    for offset in range(0, 64, itemsize):
+        lu, piv = at(A, offset), np.empty(n, np.int32)
+        assert factor(lu, piv) == 0
+        out = [lu.copy(), piv]
+        for nrhs in (1, 64):
+            for trans in (0, 1, 2):
+                b = at(B[:, :nrhs], offset)
+                solve(at(lu, (offset + itemsize) % 64), piv, b, trans)
+                out.append(b.copy())
+        results.append(b"".join(np.ascontiguousarray(x).tobytes() for x in out))
+    assert all(r == results[0] for r in results[1:]), "MKL's bits depend on the arrays' alignment"

@@ -111,7 +111,9 @@ def test_stop_finishes_queued_jobs_then_refuses():
 
 def test_the_worker_thread_has_room_for_openblas_threaded_getrf():
     """SciPy's OpenBLAS needs 3-5 MiB of stack in dgetrf_parallel (n = 290): with a small default thread
-    stack the worker would crash the process (SIGSEGV), so it starts with its own (WORKER_STACK_BYTES)."""
+    stack the worker would crash the process (SIGSEGV), so it starts with its own (WORKER_STACK_BYTES).
+    The same solve on each LAPACK lu_core can call (``LU_CORE_LAPACK``)."""
+    import os
     import subprocess
     import sys
 
@@ -134,8 +136,10 @@ assert threading.stack_size() == 1 << 20, "the process-wide default was not rest
 worker.stop(10)
 print("ok")
 """
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (run.returncode, run.stderr[-2000:])
+    for lapack in ("scipy", "auto"):  # OpenBLAS's stack need, then MKL's where installed (its threaded getrf)
+        env = {**os.environ, "LU_CORE_LAPACK": lapack}
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+        assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (lapack, run.returncode, run.stderr[-2000:])
 
 
 async def test_a_bug_in_the_worker_is_a_500_and_the_worker_goes_on(make_client, caplog):

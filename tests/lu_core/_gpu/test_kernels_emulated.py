@@ -192,7 +192,7 @@ def test_small_getrf_pivots_on_ties_zeros_and_non_finite_entries(asan, dtype, sh
     chosen), info at the first zero pivot, and no NaN from 0 * Inf, as on the CPU."""
     m, n = shape
     if not _cpu_kernel_factors(np.empty((0, m, n), dtype)):
-        pytest.skip("the CPU factors these with OpenBLAS, whose near-ties and NaN round and compare otherwise")
+        pytest.skip("the CPU factors these with LAPACK, whose near-ties and NaN round and compare otherwise")
     rng = np.random.default_rng(7)
     ties = rng.integers(-2, 3, size=(24, m, n)).astype(dtype)  # many equal magnitudes
     if np.dtype(dtype).kind == "c":
