@@ -58,6 +58,7 @@ def test_choice_names_and_refusals(monkeypatch):
         _lapack.choose("x" * 10_000)
     assert len(str(info.value)) < 120  # the value is cut, not echoed in full
     monkeypatch.setattr(_mkl, "library_path", lambda: None)  # as without the wheel
+    monkeypatch.setattr(_mkl, "_loaded", None)
     assert type(_lapack.choose("auto")) is _lapack.Lapack
     assert type(_lapack.choose("")) is _lapack.Lapack
     with pytest.raises(RuntimeError, match=r"pip install 'lu-service\[mkl\]'"):
