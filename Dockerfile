@@ -84,7 +84,8 @@ RUN python -c "from service.app import warm_up; from service.device import CpuDe
 # with storage that copies each layer in full (buildah's vfs), every step counts.
 # libgomp1: GNU OpenMP, the threading layer of Numba's parallel kernels and of MKL (without it Numba
 # falls back to its workqueue layer, which aborts the process when two threads run parallel kernels at
-# once, and MKL's GNU layer cannot load). Unpinned: bookworm's gcc-12 runtime, security updates taken.
+# once, and MKL's GNU layer cannot load). Unpinned: bookworm's gcc-12 runtime (a cached layer keeps the
+# version it got until the base image changes; the build needs the Debian mirror as well as PyPI).
 FROM ${PYTHON_IMAGE} AS runtime
 # hadolint ignore=DL3008
 RUN apt-get update \

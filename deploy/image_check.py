@@ -191,12 +191,14 @@ def check_cpu(engine: Engine, image: str, report: Report) -> None:
             assert lapack.startswith("MKL"), lapack
             assert lapack.endswith("; GNU threading layer)"), lapack  # libgomp1 is in the image
             rng = np.random.default_rng(1)
-            A = rng.standard_normal((130, 130)) + 12 * np.eye(130)  # past the kernels: LAPACK's getrf and getrs
-            B = rng.standard_normal(130)
-            r = httpx.post(f"{box.url}/solve", json={"A": A.tolist(), "B": B.tolist()}, timeout=30)
-            assert r.status_code == 200, r.text
-            np.testing.assert_allclose(A @ np.asarray(r.json()["X"]["data"]), B, rtol=1e-10, atol=1e-10)
-            return f"{lapack[:28]}...{lapack[-24:]}; a 130 x 130 /solve through it"
+            # Past the kernels: LAPACK's getrf and getrs, one thread in the pool (130), threaded (300).
+            for n in (130, 300):
+                A = rng.standard_normal((n, n)) + 2 * np.sqrt(n) * np.eye(n)
+                B = rng.standard_normal(n)
+                r = httpx.post(f"{box.url}/solve", json={"A": A.tolist(), "B": B.tolist()}, timeout=60)
+                assert r.status_code == 200, r.text
+                np.testing.assert_allclose(A @ np.asarray(r.json()["X"]["data"]), B, rtol=1e-10, atol=1e-10)
+            return f"{lapack[:28]}...{lapack[-24:]}; 130 x 130 and 300 x 300 /solve through it"
 
         report.check("cpu: large matrices on MKL's LAPACK", mkl)
 

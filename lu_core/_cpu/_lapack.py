@@ -22,10 +22,11 @@ Pivots here are 0-based int32 (as SciPy's wrappers give them; MKL's 1-based ones
 Which LAPACK: ``LU_CORE_LAPACK`` read at the first call, ``auto`` (the default: MKL where the
 ``mkl`` wheel is installed and loads, see ``_mkl``, else SciPy's), ``mkl`` (an error without it) or
 ``scipy``. Both follow LAPACK's pivot rule (first largest ``|re| + |im|``); their rounding differs, so
-a process keeps one for its lifetime. The thread rules above hold for both, with one difference in how
-the pooled calls are held to one thread: SciPy's OpenBLAS through threadpoolctl's process-wide setters
-(:func:`_one_blas_thread`), MKL per calling thread (:meth:`MklLapack.one_thread`; on its GNU OpenMP
-layer the count is the thread's own), so MKL's pooled calls leave the process's BLAS setting alone.
+a process keeps one for its lifetime. The size rule above holds for both; the pooled calls are held to
+one thread differently: SciPy's OpenBLAS through threadpoolctl's process-wide setters
+(:func:`_one_blas_thread`, with the limits above for concurrent callers), MKL per calling thread
+(:meth:`MklLapack.one_thread`; on its GNU OpenMP layer the count is the thread's own), so MKL's pooled
+calls leave the process's BLAS setting and other threads' large matrices alone.
 """
 
 from __future__ import annotations
@@ -228,16 +229,18 @@ def _run_chunked(task: Callable[[int, int], None], count: int, n: int, lp: Lapac
     lp = lp or lapack()
     workers = min(_WORKERS, count)
     task = lp.one_thread(task)
-    # One thread even for a single matrix, so that it rounds as it would in a batch.
-    if lp.process_wide:
-        _one_blas_thread()
+    held = False
     try:
+        # One thread even for a single matrix, so that it rounds as it would in a batch.
+        if lp.process_wide:
+            _one_blas_thread()
+            held = True
         if workers <= 1:
             task(0, count)
             return
         _share(task, count, workers)
     finally:
-        if lp.process_wide:
+        if held:
             _restore_blas_threads()
 
 

@@ -10,10 +10,10 @@ run them side by side, as they do SciPy's wrappers.
 Set once, before MKL computes anything (the library is loaded once per process):
 
 - the LP64 interface (32-bit integers, what these calls pass), whatever ``MKL_INTERFACE_LAYER`` says;
-- the threading layer: ``MKL_THREADING_LAYER`` where set, else GNU OpenMP, the same ``libgomp`` as
-  Numba's kernels (one OpenMP runtime in the process; ``_threads``'s ``OMP_WAIT_POLICY=PASSIVE``
-  applies to both) rather than Intel's ``libiomp5``; SEQUENTIAL where no ``libgomp.so.1`` can be
-  loaded (MKL would end the process at its first threaded call);
+- the threading layer: ``MKL_THREADING_LAYER`` where set and its library is installed, else GNU
+  OpenMP, the same ``libgomp`` as Numba's kernels (one OpenMP runtime in the process; ``_threads``'s
+  ``OMP_WAIT_POLICY=PASSIVE`` applies to both) rather than Intel's ``libiomp5``; SEQUENTIAL where no
+  ``libgomp.so.1`` can be loaded (MKL would end the process at its first threaded call);
 - no dynamic thread count (``MKL_Set_Dynamic(0)``): a large matrix always runs on the same number of
   threads, hence with the same rounding.
 
@@ -29,7 +29,9 @@ LAPACK's own, 1-based int32.
 from __future__ import annotations
 
 import ctypes
+import glob
 import importlib.metadata
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -38,12 +40,17 @@ from typing import Any
 import numpy as np
 
 _LAYERS = {"INTEL": 0, "SEQUENTIAL": 1, "PGI": 2, "GNU": 3, "TBB": 4}  # mkl_service.h's MKL_THREADING_*
+# The library each layer loads (lazily: a missing one is "MKL FATAL ERROR" and the end of the process,
+# not an exception), checked for beside libmkl_rt before MKL is asked to use it.
+_LAYER_LIBRARY = {"INTEL": "intel_thread", "SEQUENTIAL": "sequential", "PGI": "pgi_thread", "GNU": "gnu_thread",
+                  "TBB": "tbb_thread"}  # fmt: skip
 _LAYER_NAMES = {code: name for name, code in _LAYERS.items()}
 _LP64 = 0  # MKL_INTERFACE_LP64
 INT_MAX = 2**31 - 1  # LP64: every dimension is a 32-bit int
 _PREFIX = {"f": "s", "d": "d", "F": "c", "D": "z"}
 _TRANS = (b"N", b"T", b"C")  # lu_core's trans 0, 1, 2
 
+log = logging.getLogger(__name__)
 _c_int = ctypes.c_int
 _byref = ctypes.byref
 _ptr = ctypes.c_void_p
@@ -65,6 +72,15 @@ def library_path() -> str | None:
     return None
 
 
+def _present(rt_path: str, name: str) -> bool:
+    return bool(glob.glob(os.path.join(os.path.dirname(rt_path), f"libmkl_{name}.so*")))
+
+
+def _beside(rt_path: str, name: str) -> None:
+    if not _present(rt_path, name):
+        raise RuntimeError(f"libmkl_{name} is missing beside {os.path.basename(rt_path)} (an incomplete MKL install)")
+
+
 def _gnu_openmp_loads() -> bool:
     try:
         ctypes.CDLL("libgomp.so.1")
@@ -79,13 +95,21 @@ class Mkl:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        for name in ("core", "intel_lp64", "def"):
+            _beside(path, name)
+        wanted = os.environ.get("MKL_THREADING_LAYER", "").strip().upper()
+        if wanted not in _LAYERS or not _present(path, _LAYER_LIBRARY[wanted]):
+            if wanted:
+                log.warning("MKL_THREADING_LAYER=%s is not available here: MKL runs on its default layer", wanted[:20])
+            wanted = "GNU" if _gnu_openmp_loads() and _present(path, "gnu_thread") else "SEQUENTIAL"
+        _beside(path, _LAYER_LIBRARY[wanted])
         lib = self._lib = ctypes.CDLL(path)
         if lib.MKL_Set_Interface_Layer(_c_int(_LP64)) != _LP64:
             raise RuntimeError("MKL would not take the LP64 interface (32-bit integers) that lu_core calls it with")
-        wanted = os.environ.get("MKL_THREADING_LAYER", "").strip().upper()
-        if wanted not in _LAYERS:
-            wanted = "GNU" if _gnu_openmp_loads() else "SEQUENTIAL"
-        self.threading_layer = _LAYER_NAMES.get(lib.MKL_Set_Threading_Layer(_c_int(_LAYERS[wanted])), "unknown")
+        layer = lib.MKL_Set_Threading_Layer(_c_int(_LAYERS[wanted]))
+        if layer != _LAYERS[wanted]:  # set before, by something else in the process: not the layer checked for
+            raise RuntimeError(f"MKL runs on the {_LAYER_NAMES.get(layer, str(layer))} threading layer, not {wanted}")
+        self.threading_layer = wanted
         lib.MKL_Set_Dynamic(_c_int(0))
         buf = ctypes.create_string_buffer(256)
         lib.MKL_Get_Version_String(buf, _c_int(len(buf)))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 from collections.abc import Iterator
 
@@ -81,14 +82,38 @@ def test_auto_takes_mkl_where_installed_and_the_process_keeps_its_choice(monkeyp
 
 def test_an_mkl_that_does_not_load_is_passed_over_by_auto_and_refused_by_mkl(monkeypatch, caplog):
     def broken():
-        raise OSError("libmkl_core.so.3: cannot open shared object file")
+        raise RuntimeError("libmkl_core is missing beside libmkl_rt.so.3 (an incomplete MKL install)")
 
     monkeypatch.setattr(_mkl, "load", broken)
     with caplog.at_level(logging.WARNING, logger="lu_core._cpu._lapack"):
         assert type(_lapack.choose("auto")) is _lapack.Lapack
-    assert "MKL is installed but does not load (libmkl_core.so.3" in caplog.text
-    with pytest.raises(RuntimeError, match="LU_CORE_LAPACK=mkl, but MKL does not load: libmkl_core"):
+    assert "MKL is installed but does not load (libmkl_core is missing" in caplog.text
+    with pytest.raises(RuntimeError, match="LU_CORE_LAPACK=mkl, but MKL does not load: libmkl_core is missing"):
         _lapack.choose("mkl")
+
+
+@needs_mkl
+def test_an_incomplete_mkl_is_refused_before_it_is_loaded(tmp_path, monkeypatch, caplog):
+    """MKL loads its core, CPU and threading libraries lazily, and a missing one ends the process ("MKL
+    FATAL ERROR"): they are looked for first. The installs are links to the real files, some left out."""
+    real = os.path.dirname(_mkl.library_path())
+    rt = os.path.basename(_mkl.library_path())
+
+    def install(name: str, leave_out: str) -> str:
+        folder = tmp_path / name
+        folder.mkdir()
+        for f in os.listdir(real):
+            if f.startswith("libmkl_") and not f.startswith(leave_out):
+                (folder / f).symlink_to(os.path.join(real, f))
+        return str(folder / rt)
+
+    with pytest.raises(RuntimeError, match="libmkl_core is missing beside libmkl_rt"):
+        _mkl.Mkl(install("no-core", "libmkl_core"))
+    monkeypatch.setenv("MKL_THREADING_LAYER", "intel")
+    with caplog.at_level(logging.WARNING, logger="lu_core._cpu._mkl"):
+        mkl = _mkl.Mkl(install("no-intel-layer", "libmkl_intel_thread"))  # the process's MKL, by another link
+    assert "MKL_THREADING_LAYER=INTEL is not available here" in caplog.text
+    assert mkl.threading_layer == _lapack.lapack().mkl.threading_layer == "GNU"
 
 
 def test_dimensions_past_32_bits_and_refused_arguments_are_named_errors():
@@ -161,7 +186,7 @@ def test_singular_and_empty_agree(chosen, dtype):
     A[0] = np.eye(n)
     A[1] = np.eye(n)
     A[1][7, 7] = 0  # first zero pivot at column 8 (1-based)
-    A[2][:, 3:] = 1  # rank 2 from the fourth column on
+    A[2][:, 3:] = 1  # its first column is zero: info 1
     E = np.zeros((0, n, n), dtype)
     with cpu_path("lapack"):
         outs = {}
@@ -173,7 +198,7 @@ def test_singular_and_empty_agree(chosen, dtype):
                 with pytest.raises(lu_core.SingularMatrixError):
                     lu_core.solve(A[1], np.ones(n, dtype))
     np.testing.assert_array_equal(outs["mkl"][2], outs["scipy"][2])
-    assert outs["mkl"][2][0] == 0 and outs["mkl"][2][1] == 8 and outs["mkl"][2][2] > 0
+    assert outs["mkl"][2].tolist() == [0, 8, 1]
     np.testing.assert_array_equal(outs["mkl"][1], outs["scipy"][1])
 
 
@@ -227,7 +252,11 @@ def test_pool_threads_run_mkl_on_one_thread_and_give_it_back(chosen, monkeypatch
         seen.clear()
         pooled[0] = False
         _lapack._run_chunked(task, 1, _tuning.LAPACK_POOL_MAX_N + 1)  # threaded: MKL's own count
-        assert seen == [(threading.current_thread().name, mkl._lib.MKL_Get_Max_Threads())]
+        assert [name for name, _ in seen] == [threading.current_thread().name]
+        if len(os.sched_getaffinity(0)) > 1:
+            assert seen[0][1] > 1, seen
+        # ... and the pool thread's count was given back too.
+        assert _lapack._pool.submit(mkl.set_local_threads, 0).result() == 0
 
 
 @needs_mkl
@@ -250,6 +279,7 @@ def test_mkl_rounds_the_same_at_every_alignment(rng, chosen, dtype):
         return y
 
     results = []
+    previous = chosen["mkl"].mkl.set_local_threads(1)  # as the pooled calls run (n = 45)
     for offset in range(0, 64, itemsize):
         lu, piv = at(A, offset), np.empty(n, np.int32)
         assert factor(lu, piv) == 0
@@ -260,4 +290,5 @@ def test_mkl_rounds_the_same_at_every_alignment(rng, chosen, dtype):
                 solve(at(lu, (offset + itemsize) % 64), piv, b, trans)
                 out.append(b.copy())
         results.append(b"".join(np.ascontiguousarray(x).tobytes() for x in out))
+    chosen["mkl"].mkl.set_local_threads(previous)
     assert all(r == results[0] for r in results[1:]), "MKL's bits depend on the arrays' alignment"

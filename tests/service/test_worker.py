@@ -136,7 +136,9 @@ assert threading.stack_size() == 1 << 20, "the process-wide default was not rest
 worker.stop(10)
 print("ok")
 """
-    for lapack in ("scipy", "auto"):  # OpenBLAS's stack need, then MKL's where installed (its threaded getrf)
+    from lu_core._cpu import _mkl
+
+    for lapack in ("scipy", "mkl") if _mkl.library_path() else ("scipy",):  # OpenBLAS's stack need, then MKL's
         env = {**os.environ, "LU_CORE_LAPACK": lapack}
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
         assert run.returncode == 0 and run.stdout.strip().endswith("ok"), (lapack, run.returncode, run.stderr[-2000:])
