@@ -292,3 +292,55 @@ def test_mkl_rounds_the_same_at_every_alignment(rng, chosen, dtype):
         results.append(b"".join(np.ascontiguousarray(x).tobytes() for x in out))
     chosen["mkl"].mkl.set_local_threads(previous)
     assert all(r == results[0] for r in results[1:]), "MKL's bits depend on the arrays' alignment"
+
+
+# ------------------------------------------------------------------ bad input on each
+
+
+@pytest.mark.parametrize("provider", _providers())
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_non_finite_matrices_on_each(rng, chosen, provider, dtype):
+    """Infinities and NaNs reach LAPACK as they are: no crash, pivots in range, the same bits alone and
+    in a batch but for NaNs' sign and payload (MKL's complex kernels gave a NaN of the other sign in some
+    runs, alone against batched: one NaN as good as another), and NaN answers where the matrix holds a NaN."""
+
+    def _bits(x: np.ndarray) -> bytes:  # NaNs made one NaN, every other bit as it is
+        x = np.ascontiguousarray(x)
+        if x.dtype.kind not in "fc":
+            return x.tobytes()
+        parts = x.view(x.real.dtype).copy()
+        parts[np.isnan(parts)] = np.nan
+        return parts.tobytes()
+
+    n = 40
+    A = well_conditioned(rng, (4, n, n), dtype)
+    A[1, 3, 5] = np.inf
+    A[2, 0, 0] = np.nan
+    A[3, :, 2] = np.nan
+    B = random_matrix(rng, (4, n, 3), dtype)
+    with cpu_path("lapack"), using(chosen[provider]):
+        LU, piv, _ = lu_core.lu_factor_ex(A)
+        assert ((piv >= 1) & (piv <= n)).all()
+        X = lu_core.lu_solve(LU, piv, B)
+        for i in range(4):
+            LUi, pivi, _ = lu_core.lu_factor_ex(A[i])
+            assert _bits(LUi) == _bits(LU[i]) and _bits(pivi) == _bits(piv[i])
+            assert _bits(lu_core.lu_solve(LUi, pivi, B[i])) == _bits(X[i])
+        assert np.isfinite(X[0]).all() and np.isnan(X[2]).any() and np.isnan(X[3]).any()
+
+
+@pytest.mark.parametrize("provider", _providers())
+@pytest.mark.parametrize("bad", [0, -1, 41, 2**31 - 1, -(2**31)])
+def test_out_of_range_pivots_never_reach_lapack(rng, chosen, provider, bad):
+    """``?getrs`` follows the pivots it is given: an out-of-range one would read and write outside the
+    right-hand sides. The user's pivots are checked first, on each LAPACK."""
+    n = 40
+    A = well_conditioned(rng, (2, n, n), np.float64)
+    with cpu_path("lapack"), using(chosen[provider]):
+        LU, piv = lu_core.lu_factor(A)
+        piv = piv.copy()
+        piv[1, 17] = bad
+        with pytest.raises(lu_core.PivotError, match="pivot"):
+            lu_core.lu_solve(LU, piv, np.ones((2, n, 3)))
+        with pytest.raises(lu_core.PivotError, match="pivot"):
+            lu_core.lu_unpack(LU, piv)
