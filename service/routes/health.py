@@ -17,11 +17,14 @@ router = APIRouter(tags=["health"])
 metrics_router = APIRouter(tags=["health"], dependencies=[Depends(require_api_key)])
 
 
+# HEAD too (a load balancer's probe, ``curl -I``): the GET's status and headers, no body (the server drops it).
+@router.head("/healthz", include_in_schema=False)
 @router.get("/healthz", summary="Liveness: the process answers")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+@router.head("/readyz", include_in_schema=False)
 @router.get("/readyz", summary="Readiness: the device worker is warm; device and versions")
 async def readyz(request: Request) -> Response:
     state = request.app.state

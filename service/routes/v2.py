@@ -36,6 +36,7 @@ async def metadata(request: Request) -> Response:
     return _json(server_metadata(request.app.version, settings.max_request_bytes, settings.max_elements))
 
 
+@health_router.head("/health/live", include_in_schema=False)  # HEAD: a probe's status and headers, no body
 @health_router.get(
     "/health/live", summary="Liveness (OIP)", response_class=Response, openapi_extra=v2_health_openapi("live")
 )
@@ -43,6 +44,7 @@ async def live() -> Response:
     return _json({"live": True})
 
 
+@health_router.head("/health/ready", include_in_schema=False)
 @health_router.get(
     "/health/ready", summary="Readiness (OIP)", response_class=Response, openapi_extra=v2_health_openapi("ready")
 )

@@ -37,6 +37,22 @@ async def test_readyz_is_503_until_warm(make_client):
     assert (await client.get("/v2/health/live")).json() == {"live": True}
 
 
+@pytest.mark.parametrize("path", ["/healthz", "/readyz", "/v2/health/live", "/v2/health/ready"])
+async def test_head_on_a_probe_gives_the_get_s_status_and_headers_without_a_body(make_client, path):
+    """A load balancer's HEAD probe: 200 (503 while warming up, for readiness) with the GET's headers; it
+    stays out of the OpenAPI document (one operation per path and method there)."""
+    client = await make_client()
+    for ready in (True, False):
+        if not ready:
+            client.app.state.ready.clear()
+        get, head = await client.get(path), await client.head(path)
+        assert head.status_code == get.status_code == (200 if ready or "ready" not in path else 503)
+        assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"]
+        assert head.headers["content-length"] == get.headers["content-length"] == str(len(get.content))
+    spec = (await client.get("/openapi.json")).json()
+    assert "head" not in spec["paths"][path] and "get" in spec["paths"][path]
+
+
 async def test_warmup_runs_every_operation_before_ready(make_client):
     client = await make_client(warmup=True)  # the warm-up runs in the background: 503, then 200
     with anyio.fail_after(180):
