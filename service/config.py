@@ -150,6 +150,12 @@ class Settings(BaseSettings):
         description="Bytes of stored factorizations (LRU eviction beyond); auto: 1 GiB on the CPU, "
         "a quarter of the device's memory on a GPU, at most half of LU_MAX_INFLIGHT_BYTES; 0 stores nothing.",
     )
+    store_max_entries: int = Field(
+        10_000,
+        ge=0,
+        description="Most stored factorizations (all API keys together; LRU eviction beyond), which also bounds "
+        "GET /factorizations; 0 stores nothing.",
+    )
     store_ttl_s: float = Field(
         3600.0, ge=0, description="Seconds a stored factorization may stay unused before it expires; 0: never."
     )

@@ -208,7 +208,9 @@ class _StoreCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         self.store.expire()  # a scrape sees (and frees) what has expired since the last request
         s = self.store.stats
-        yield GaugeMetricFamily("lu_store_bytes", "Bytes of stored factorizations.", value=s.bytes)
+        yield GaugeMetricFamily(
+            "lu_store_bytes", "Bytes of stored factorizations, 2 KiB of bookkeeping each included.", value=s.bytes
+        )
         yield GaugeMetricFamily("lu_store_limit_bytes", "LU_STORE_BYTES.", value=self.store.limit_bytes)
         yield GaugeMetricFamily("lu_store_entries", "Stored factorizations.", value=s.entries)
         yield CounterMetricFamily("lu_store_hits", "Lookups that found their factorization.", value=s.hits)

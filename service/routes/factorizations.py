@@ -98,7 +98,9 @@ def default_store_bytes(device: Device, settings: Settings) -> int:
 def install(app: FastAPI, settings: Settings, device: Device, metrics: Metrics) -> FactorizationStore:
     """Create the store (``app.state.store``), its routes and metrics."""
     limit = default_store_bytes(device, settings) if settings.store_bytes == "auto" else settings.store_bytes
-    store = FactorizationStore(limit, settings.store_ttl_s, budget=getattr(app.state, "budget", None))
+    store = FactorizationStore(
+        limit, settings.store_ttl_s, max_entries=settings.store_max_entries, budget=getattr(app.state, "budget", None)
+    )
     app.state.store = store
     metrics.watch_store(store)
     # Stored factorizations stay on the device: a request has its memory limit less their bytes.

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.utils import floatToGoString
 
 import lu_core
+from service.store import ENTRY_OVERHEAD_BYTES
 from tests.helpers import DTYPES, well_conditioned
 from tests.service.wire import binary_request, from_json_tensor, parse_binary, to_json_tensor
 
@@ -255,10 +256,11 @@ async def test_solve_answers_are_bounded(make_client):
 
 
 async def test_factorization_larger_than_the_store_is_refused_and_evicts_nothing(make_client):
-    client = await make_client(store_bytes=2000)
+    client = await make_client(store_bytes=4000)
     assert (await put(client, "small", np.eye(4))).status_code == 201
     body = error(await put(client, "big", np.eye(16)), 413, "factorization_too_large")
-    assert "2112 bytes" in body["error"] and "LU_STORE_BYTES = 2000" in body["error"]
+    assert "4160 bytes (2112 of LU and pivots, 2048 of bookkeeping)" in body["error"]
+    assert "LU_STORE_BYTES = 4000" in body["error"]
     assert (await client.get("/factorizations/small")).status_code == 200
     assert client.app.state.store.stats.evictions == 0
 
@@ -269,7 +271,7 @@ async def test_store_zero_stores_nothing(make_client):
 
 
 async def test_least_recently_used_is_evicted(make_client):
-    one = 8 * 8 * 8 + 8 * 4
+    one = 8 * 8 * 8 + 8 * 4 + ENTRY_OVERHEAD_BYTES
     client = await make_client(store_bytes=3 * one)
     A = {name: np.eye(8) * (i + 2) for i, name in enumerate("abcd")}
     for name in "abc":
@@ -284,6 +286,34 @@ async def test_least_recently_used_is_evicted(make_client):
     metrics = (await client.get("/metrics")).text
     assert "lu_store_evictions_total 1.0" in metrics and f"lu_store_bytes {float(3 * one)}" in metrics
     assert "lu_store_entries 3.0" in metrics
+
+
+async def test_empty_and_tiny_factorizations_count_their_bookkeeping_and_the_entry_cap(make_client):
+    """0 x 0 and 1 x 1 factorizations hold 0 and 12 bytes of arrays but about 1.6 KB of host memory each:
+    counted with ENTRY_OVERHEAD_BYTES, they evict one another under LU_STORE_BYTES (before, 5000 empty
+    ones fit in 4096 bytes, and the listing grew with them), and LU_STORE_MAX_ENTRIES caps the number."""
+    client = await make_client(store_bytes=4 * ENTRY_OVERHEAD_BYTES + 100, store_max_entries=1000)
+    empty = {"A": {"dtype": "float64", "shape": [0, 0], "data": []}}
+    for i in range(12):
+        r = await client.put(f"/factorizations/{'n' * 100}{i}", json=empty if i % 2 else {"A": [[2.0]]})
+        assert r.status_code == 201, r.text
+    store = client.app.state.store
+    assert store.stats.entries == 4 and store.stats.evictions == 8
+    assert store.stats.bytes <= store.limit_bytes
+    listed = (await client.get("/factorizations")).json()["factorizations"]
+    assert [m["name"] for m in listed] == [f"{'n' * 100}{i}" for i in (11, 10, 9, 8)]
+    assert listed[0]["nbytes"] == 0 and listed[1]["nbytes"] == 12  # the metadata: LU and pivots alone
+
+    capped = await make_client(store_max_entries=3)
+    for i in range(5):
+        assert (await capped.put(f"/factorizations/e{i}", json=empty)).status_code == 201
+    names = [m["name"] for m in (await capped.get("/factorizations")).json()["factorizations"]]
+    assert names == ["e4", "e3", "e2"] and capped.app.state.store.stats.evictions == 2
+    assert (await capped.put("/factorizations/e3", json=empty)).status_code == 200  # a replace evicts nothing
+    assert capped.app.state.store.stats.evictions == 2
+    none = await make_client(store_max_entries=0)
+    body = error(await none.put("/factorizations/x", json=empty), 413, "factorization_too_large")
+    assert "LU_STORE_MAX_ENTRIES = 0" in body["error"]
 
 
 async def test_idle_factorizations_expire(make_client):
@@ -436,9 +466,9 @@ async def test_stored_bytes_are_held_in_the_memory_budget(make_client):
     assert client.app.state.store.budget is budget
     await _settles(budget, 0)
     assert (await put(client, "a", np.eye(16))).status_code == 201
-    await _settles(budget, 16 * 16 * 8 + 16 * 4)
+    await _settles(budget, 16 * 16 * 8 + 16 * 4 + ENTRY_OVERHEAD_BYTES)  # its bookkeeping too
     assert (await put(client, "a", np.eye(8))).status_code == 200  # the old reservation goes with the old entry
-    await _settles(budget, 8 * 8 * 8 + 8 * 4)
+    await _settles(budget, 8 * 8 * 8 + 8 * 4 + ENTRY_OVERHEAD_BYTES)
     assert (await client.delete("/factorizations/a")).status_code == 204
     await _settles(budget, 0)
 
@@ -461,7 +491,7 @@ async def test_stored_factorizations_cannot_starve_the_memory_budget(make_client
         stored += 1
     error(r, 503, "overloaded")
     assert r.headers["retry-after"] and 4 <= stored <= 16
-    await _settles(budget, stored * (256 * 256 * 8 + 256 * 4), client.app.state.bodies)
+    await _settles(budget, stored * (256 * 256 * 8 + 256 * 4 + ENTRY_OVERHEAD_BYTES), client.app.state.bodies)
     assert (await client.delete("/factorizations/m0")).status_code == 204
     assert (await client.delete("/factorizations/m1")).status_code == 204
     assert (await put(client, "again", A, "binary")).status_code == 201  # room again
