@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import email.utils
 import json
+import math
 import random
+import re
 import secrets
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,31 @@ OPERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
+#: A stored factorization's name, as the service takes it (``service.store.NAME_PATTERN``; not "." or "..",
+#: which URLs collapse into another route).
+NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]{1,128}")
+
+
+def check_name(name: Any) -> str:
+    """``name`` if the service would take it, else ``ValueError`` before any request (a name such as "." or
+    "a/b" would otherwise reach another route, and "" the listing)."""
+    if not isinstance(name, str) or NAME_PATTERN.fullmatch(name) is None or name in (".", ".."):
+        shown = repr(name) if len(repr(name)) <= 42 else repr(name)[:40] + "..."
+        raise ValueError(
+            f"factorization name {shown} is invalid: use 1 to 128 characters of A-Z a-z 0-9 . _ - (not '.' or '..')"
+        )
+    return name
+
+
+def check_timeout(timeout: Any) -> Any:
+    """``timeout`` if httpx can take it (an ``httpx.Timeout``, None, or a positive finite number of seconds)."""
+    if timeout is None or isinstance(timeout, httpx.Timeout):
+        return timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout must be a positive number of seconds, an httpx.Timeout or None, not {timeout!r}")
+    return timeout
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Capped, jittered exponential backoff; ``Retry-After`` wins when the server sends one."""
@@ -50,6 +76,14 @@ class RetryPolicy:
     initial_delay: float = 0.5
     max_delay: float = 8.0
     max_retry_after: float = 60.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) or self.max_retries < 0:
+            raise ValueError(f"max_retries must be an integer >= 0, not {self.max_retries!r}")
+        for field_name in ("initial_delay", "max_delay", "max_retry_after"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise ValueError(f"{field_name} must be a finite number of seconds >= 0, not {value!r}")
 
     def delay(self, attempt: int, response: httpx.Response | None) -> float:
         if response is not None:
@@ -116,7 +150,7 @@ class BaseClient:
         self.on_progress = on_progress  # called with (requests done, requests in all) when a batch is split
         self.binary = binary
         self.retry = retry_policy or RetryPolicy(max_retries=max_retries)
-        self.timeout = timeout
+        self.timeout = check_timeout(timeout)
         self._headers = {"accept": "application/json, application/octet-stream", "user-agent": "lu-client/0.1"}
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
@@ -134,14 +168,14 @@ class BaseClient:
 
     def _call(self, op: str, tensors: Mapping[str, np.ndarray], options: Mapping[str, Any], timeout: Any) -> Call:
         encoded = encode_binary(tensors, options) if self.binary else encode_json(tensors, options)
-        return Call(f"/{op}", encoded, self.timeout if timeout is None else timeout)
+        return Call(f"/{op}", encoded, self._timeout(timeout))
 
     def _factorization_path(self, name: str, action: str = "") -> str:
-        return f"/factorizations/{urllib.parse.quote(name, safe='')}{action}"
+        return f"/factorizations/{check_name(name)}{action}"  # the name's characters need no quoting
 
     def _named(self, call: Call, name: str) -> Call:
         # Load balancers that hash on a header (Envoy/Istio, ingress-nginx) keep a name on one replica.
-        call.extra_headers[NAME_HEADER] = urllib.parse.quote(name, safe="")
+        call.extra_headers[NAME_HEADER] = name
         return call
 
     def _put_call(self, name: str | None, A: Any, pivot: bool, timeout: Any) -> Call:
@@ -164,7 +198,7 @@ class BaseClient:
         return self._named(Call(self._factorization_path(name), None, self._timeout(timeout), method, answer), name)
 
     def _timeout(self, timeout: Any) -> Any:
-        return self.timeout if timeout is None else timeout
+        return self.timeout if timeout is None else check_timeout(timeout)
 
     def _needs_limits(self, tensors: Mapping[str, np.ndarray]) -> bool:
         return not self._limits_known and sum(a.nbytes for a in tensors.values()) > DISCOVER_BYTES

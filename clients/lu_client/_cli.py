@@ -181,8 +181,9 @@ def _stored(client: LUClient, args: argparse.Namespace) -> int:
         print(json.dumps(client.factorize(A, name=args.name, pivot=args.pivot).metadata))
     elif args.action == "solve":
         B = np.load(args.file, allow_pickle=False)
+        _writable(args.output)
         options = {k: getattr(args, k) for k in DEFAULTS["lu_solve"]}
-        np.save(args.output, client.solve_factorization(args.name, B, **options))
+        _save(args.output, {"X": client.solve_factorization(args.name, B, **options)})
     elif args.action == "delete":
         client.delete_factorization(args.name)
     elif args.action == "show":
@@ -223,12 +224,26 @@ def _expected(op: str, options: dict[str, bool]) -> list[str]:
     return outputs
 
 
+def _writable(path: Path) -> None:
+    """Refuse (exit 2) an output path that could not be written, before any request is sent."""
+    folder = path.parent if str(path.parent) else Path(".")
+    if (
+        path.is_dir()
+        or not folder.is_dir()
+        or not os.access(folder, os.W_OK)
+        or (path.exists() and not os.access(path, os.W_OK))
+    ):
+        raise _UsageError(f"cannot write the output {str(path)!r}")
+
+
 def _save(path: Path, outputs: dict[str, Any]) -> None:
+    """The outputs at exactly ``path`` (NumPy would add .npy or .npz to another suffix)."""
     present = {k: v for k, v in outputs.items() if v is not None}
-    if path.suffix == ".npz":
-        np.savez(path, **present)
-    else:
-        np.save(path, next(iter(present.values())))
+    with open(path, "wb") as f:
+        if path.suffix == ".npz":
+            np.savez(f, **present)
+        else:
+            np.save(f, next(iter(present.values())))
 
 
 def _call(client: LUClient, op: str, a: dict[str, np.ndarray], options: dict[str, bool]) -> dict[str, Any]:
@@ -266,8 +281,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with _client(args) as client:
                 return _stored(client, args)
-        except (OSError, ValueError) as exc:
-            print(f"lu-client: cannot read input: {exc}", file=sys.stderr)
+        except _UsageError as exc:
+            print(f"lu-client: {exc}", file=sys.stderr)
+            return 2
+        except (OSError, ValueError, TypeError) as exc:  # an unreadable file, a bad name, option or array
+            print(f"lu-client: bad input: {exc}", file=sys.stderr)
             return 2
         except LUClientError as exc:
             print(f"lu-client: {exc}", file=sys.stderr)
@@ -289,12 +307,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     progress = _Progress(sys.stderr.isatty() if args.progress is None else args.progress)
     try:
+        _writable(args.output)
         with _client(args, progress) as client:
             result = _call(client, op, arrays, options)
+    except _UsageError as exc:
+        print(f"lu-client: {exc}", file=sys.stderr)
+        return 2
+    except (ValueError, TypeError) as exc:  # an option or an array the client refuses before sending
+        print(f"lu-client: bad input: {exc}", file=sys.stderr)
+        return 2
     except LUClientError as exc:
         print(f"lu-client: {exc}", file=sys.stderr)
         return 1
-    _save(args.output, {k: result.get(k) for k in outputs})
+    try:
+        _save(args.output, {k: result.get(k) for k in outputs})
+    except OSError as exc:
+        print(f"lu-client: cannot write the output: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -49,7 +49,10 @@ def to_numpy(value: Any, name: str) -> np.ndarray:
     elif module == "torch":
         arr = value.detach().cpu().resolve_conj().resolve_neg().numpy()
     elif hasattr(value, "__array__") or not hasattr(value, "__dlpack__"):
-        arr = np.asarray(value)
+        try:
+            arr = np.asarray(value)
+        except (ValueError, TypeError, RecursionError) as exc:  # ragged or too deeply nested lists, say
+            raise ValueError(f"{name}: not an array of numbers ({exc})") from None
     else:
         arr = np.from_dlpack(value)
     if arr.dtype.kind not in "biufc":

@@ -3,6 +3,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import types
 from collections.abc import Iterator
 
 import anyio.from_thread
@@ -73,8 +74,14 @@ async def make_async_client():
         app = create_app(make_settings(**settings))
         ctx = app.router.lifespan_context(app)
         await ctx.__aenter__()
-        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app))
+        sent: list[httpx.Request] = []
+
+        async def record(request: httpx.Request) -> None:
+            sent.append(request)
+
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), event_hooks={"request": [record]})
         client = AsyncLUClient("http://lu.test", http_client=http, **(client_kwargs or {}))
+        client.transport = types.SimpleNamespace(requests=sent)  # type: ignore[attr-defined]  # as the sync one's
         stack.append((ctx, client))
         return client
 

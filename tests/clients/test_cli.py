@@ -31,6 +31,10 @@ def test_solve_with_npy_files(cli, tmp_path, rng):
     np.save(tmp_path / "B.npy", B)
     assert cli(["solve", str(tmp_path / "A.npy"), str(tmp_path / "B.npy"), "-o", str(tmp_path / "X.npy")]) == 0
     np.testing.assert_array_equal(np.load(tmp_path / "X.npy"), lu_core.solve(A, B))
+    # Written where -o says, whatever its suffix (NumPy's np.save would have added .npy).
+    assert cli(["solve", str(tmp_path / "A.npy"), str(tmp_path / "B.npy"), "-o", str(tmp_path / "X.out")]) == 0
+    np.testing.assert_array_equal(np.load(tmp_path / "X.out"), lu_core.solve(A, B))
+    assert not (tmp_path / "X.out.npy").exists()
 
 
 def test_factor_then_solve_through_an_npz(cli, tmp_path, rng):
@@ -134,6 +138,33 @@ def test_usage_errors_exit_2_without_a_request(cli, tmp_path, capsys):
         with pytest.raises(SystemExit) as exc:
             cli(args)
         assert exc.value.code == 2, args
+    assert not (tmp_path / "X.npy").exists()
+
+
+def test_bad_options_arrays_names_and_outputs_exit_2_before_any_request(monkeypatch, tmp_path, capsys):
+    """A one-line message, exit status 2 and no request (nothing listens at the URL: a request sent would be
+    a connection error, exit 1), for what the client refuses before sending; was a traceback, exit 1."""
+    monkeypatch.setenv("LU_URL", "http://127.0.0.1:9")
+    np.save(tmp_path / "A.npy", np.eye(2))
+    np.save(tmp_path / "B.npy", np.ones(2))
+    np.save(tmp_path / "S.npy", np.array([["a"]]))
+    a, b, s, x = (str(tmp_path / n) for n in ("A.npy", "B.npy", "S.npy", "X.npy"))
+    for args, message in (
+        (["solve", a, b, "-o", x, "--timeout", "-5"], "timeout must be a positive number of seconds"),
+        (["solve", a, b, "-o", x, "--timeout", "nan"], "timeout must be a positive number of seconds"),
+        (["solve", a, b, "-o", x, "--retries", "-1"], "max_retries must be an integer >= 0"),
+        (["det", s, "-o", x], "cannot send an array of dtype <U1"),
+        (["solve", a, b, "-o", str(tmp_path / "missing" / "X.npy")], "cannot write the output"),
+        (["solve", a, b, "-o", str(tmp_path)], "cannot write the output"),
+        (["factorization", "store", s], "cannot send an array of dtype <U1"),
+        (["factorization", "store", a, "--name", ".."], "factorization name '..' is invalid"),
+        (["factorization", "show", "."], "factorization name '.' is invalid"),
+        (["factorization", "solve", "a/b", b, "-o", x], "factorization name 'a/b' is invalid"),
+        (["factorization", "solve", "ok", b, "-o", str(tmp_path / "missing" / "X.npy")], "cannot write the output"),
+    ):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and err.count("\n") == 1, (args, err)
     assert not (tmp_path / "X.npy").exists()
 
 

@@ -64,9 +64,20 @@ async def run_all(client, call, rng, dtype):
     assert named.name == "mine"
     replaced = await call(client.factorize(4 * np.eye(3, dtype=dtype), name="mine"))
     same(await call(replaced.solve(np.ones((3, 1), dtype))), np.full((3, 1), 0.25, dtype))
-    with pytest.raises(lu_client.UnprocessableEntityError) as excinfo:
-        await call(client.factorize(np.eye(2), name="bad name"))
-    assert excinfo.value.code == "invalid_name"
+    # Names the service would refuse (422 invalid_name), or that a URL would turn into another route ("." the
+    # listing, "" a redirect, "a/b" and ".." a 404 of the router): refused here, before any request.
+    sent = len(client.transport.requests)
+    for bad in ("bad name", "", ".", "..", "a/b", "x" * 129, "é"):
+        for method, args in (
+            (client.factorize, (np.eye(2),)),
+            (client.factorization, ()),
+            (client.factorization_metadata, ()),
+            (client.solve_factorization, (np.ones((2, 1)),)),
+            (client.delete_factorization, ()),
+        ):
+            with pytest.raises(ValueError, match="factorization name .* is invalid"):
+                await call(method(*args, name=bad) if method == client.factorize else method(bad, *args))
+    assert len(client.transport.requests) == sent
     with pytest.raises(lu_client.SingularMatrixError):
         await call((await call(client.factorize(np.zeros((2, 2)), name="z"))).solve(np.ones((2, 1))))
 

@@ -7,6 +7,7 @@ import pytest
 
 import lu_client
 import lu_core
+from lu_client import LUClient, RetryPolicy
 from tests.helpers import DTYPES, well_conditioned
 
 pytestmark = pytest.mark.anyio
@@ -125,3 +126,15 @@ def test_array_likes_and_bad_inputs(make_sync_client):
     same(client.solve(ArrayLike(), [1.0, 1.0]), np.array([0.5, 0.5]))
     with pytest.raises(TypeError, match="cannot send"):
         client.solve(np.array([["a", "b"], ["c", "d"]]), [1.0, 1.0])
+    with pytest.raises(ValueError, match=r"^A: not an array of numbers"):  # ragged: NumPy's message named nothing
+        client.solve([[1.0, 2.0], [3.0]], [1.0, 1.0])
+    for bad in (-1, 0, float("nan"), float("inf"), "10", True):
+        with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+            LUClient("http://lu.test", timeout=bad)
+        with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+            client.det(np.eye(2), timeout=bad)
+    for bad in (-1, 1.5, None, True):
+        with pytest.raises(ValueError, match="max_retries must be an integer >= 0"):
+            LUClient("http://lu.test", max_retries=bad)
+    with pytest.raises(ValueError, match="max_delay must be a finite number of seconds"):
+        RetryPolicy(max_delay=float("nan"))
