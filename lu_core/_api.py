@@ -24,6 +24,7 @@ from lu_core._validate import (
     check_pivots_shape,
     common_dtype,
     compute_dtype,
+    count,
     require_matrix,
     require_square,
 )
@@ -416,7 +417,7 @@ def pivots_to_permutation(pivots: Any, m: int) -> Any:
     pivots : array_like of integers, shape (*batch, k)
         1-based LAPACK pivots, each in ``[1, m]``, ``k <= m``.
     m : int
-        Number of rows of the factored matrices.
+        Number of rows of the factored matrices (at most ``2**31 - 1``: rows are indexed in int32).
 
     Returns
     -------
@@ -447,7 +448,4 @@ def pivots_to_permutation(pivots: Any, m: int) -> Any:
     return be.pivots_to_permutation(piv0, m_int).reshape(*piv.shape[:-1], m_int)
 
 
-def _count(value: Any, argument: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
-        raise ShapeError(argument, f"expected a non-negative integer, got {value!r}")
-    return int(value)
+_count = count  # (the name _refine imports)

@@ -276,7 +276,7 @@ def solve_refined(
         the precision for complex input too. On the GPU also ``"tf32"``,
         ``"float16"`` or ``"bfloat16"`` (cuSOLVER IRS).
     max_iter : int, default 30
-        Most refinement steps before falling back (LAPACK's ``ITERMAX``).
+        Most refinement steps before falling back (LAPACK's ``ITERMAX``), 0 to ``2**31 - 1``.
 
     Returns
     -------

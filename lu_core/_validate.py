@@ -20,6 +20,17 @@ SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.comp
 
 _SUPPORTED = frozenset(SUPPORTED_DTYPES)
 
+#: The largest count an argument may give (``m``, ``n``, ``max_iter``): rows are indexed, and pivots held, in int32.
+MAX_COUNT = 2**31 - 1
+
+
+def count(value: Any, argument: str) -> int:
+    """A non-negative integer argument (a size, a number of steps), at most :data:`MAX_COUNT`."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value <= MAX_COUNT:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        raise ShapeError(argument, f"expected a non-negative integer up to 2**31 - 1, got {shown}")
+    return int(value)
+
 
 def compute_dtype(dtype: Any, argument: str) -> np.dtype:
     """The dtype a matrix argument is computed in; integers promote to float64."""

@@ -21,6 +21,7 @@ from lu_core._validate import (
     check_pivots_shape,
     common_dtype,
     compute_dtype,
+    count,  # noqa: F401 - sizes (m, n) of the vjp/jvp functions: _args.count
     require_matrix,
     require_square,
 )
@@ -88,13 +89,6 @@ def broadcast_batch(first: tuple[int, ...], second: tuple[int, ...], names: str)
         raise ShapeError(
             names, f"batch dimensions {tuple(first)} and {tuple(second)} cannot be broadcast together"
         ) from None
-
-
-def count(value: Any, argument: str) -> int:
-    """A non-negative integer size (``m``, ``n``)."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
-        raise ShapeError(argument, f"expected a non-negative integer, got {value!r}")
-    return int(value)
 
 
 def flag(value: Any, argument: str) -> bool:

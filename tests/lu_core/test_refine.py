@@ -216,6 +216,8 @@ def test_non_finite_input_falls_back_and_propagates(rng):
         (np.eye(3), np.array(["a", "b", "c"]), {}, lu_core.DTypeError, "B"),
         (np.eye(3), np.ones(3), {"max_iter": -1}, lu_core.ShapeError, "max_iter"),
         (np.eye(3), np.ones(3), {"max_iter": 1.5}, lu_core.ShapeError, "max_iter"),
+        (np.eye(3), np.ones(3), {"max_iter": 2**31}, lu_core.ShapeError, "max_iter"),  # was Numba's TypingError
+        (np.eye(3), np.ones(3), {"max_iter": 10**30}, lu_core.ShapeError, "max_iter"),
         (np.eye(3), np.ones(3), {"max_iter": True}, lu_core.ShapeError, "max_iter"),
         (np.eye(3), np.ones(3), {"max_iter": "3"}, lu_core.ShapeError, "max_iter"),
     ],

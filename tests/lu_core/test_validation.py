@@ -154,7 +154,7 @@ class TestSolve:
 
 
 class TestPermutation:
-    @pytest.mark.parametrize("m", [-1, 2.5, "3", None, True])
+    @pytest.mark.parametrize("m", [-1, 2.5, "3", None, True, 2**31, 2**63, 2**70, np.uint64(2**63)])
     def test_bad_m(self, m):
         with pytest.raises(ShapeError, match="^m: expected a non-negative integer"):
             lu_core.pivots_to_permutation(np.ones(1, int), m)

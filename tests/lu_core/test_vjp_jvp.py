@@ -399,7 +399,9 @@ def _cases():
         (lambda: vjp.lu_unpack(z, np.zeros((2, 3)), 3, 3), E, "grad_U"),
         (lambda: vjp.lu_unpack(np.zeros((2, 3, 3)), np.zeros((4, 3, 3)), 3, 3), E, "grad_L, grad_U"),
         (lambda: vjp.lu_unpack(np.zeros(3), None, 3, 3), E, "grad_L"),
-        (lambda: vjp.lu_unpack(z, None, 10**12, 10**12), E, "grad_L"),  # refused before any allocation
+        (lambda: vjp.lu_unpack(z, None, 2**31 - 1, 2**31 - 1), E, "grad_L"),  # refused before any allocation
+        (lambda: vjp.lu_unpack(z, None, 10**12, 3), E, "m"),  # past int32 row indices
+        (lambda: vjp.lu_unpack(z, None, 3, 2**63), E, "n"),
         # vjp.lu_solve
         (lambda: vjp.lu_solve(np.zeros((3, 4)), piv, B, X, X), E, "LU"),
         (lambda: vjp.lu_solve(LU, piv, np.ones((4, 2)), X, X), E, "B"),
