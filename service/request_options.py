@@ -43,6 +43,9 @@ def take_control(options: dict[str, Any], now: float | None = None) -> Control:
     ``timeout`` is in microseconds, as in Triton; 0 means none. ``priority`` is
     accepted (0 is the default; the queue is first come, first served for now).
     """
+    flag = options.get("binary_data_output", False)
+    if not isinstance(flag, bool):  # (the /v2 decoder has taken its own out, checked the same)
+        raise invalid("invalid_option", f"binary_data_output: expected a boolean, got {brief(flag)}")
     for key in IGNORED:
         options.pop(key, None)
     deadline = None

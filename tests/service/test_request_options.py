@@ -48,6 +48,18 @@ def test_control_values_must_be_non_negative_integers(key, bad):
     assert info.value.status == 422 and info.value.code == "invalid_option"
 
 
+@pytest.mark.parametrize("bad", ["x", 1, None, [True]])
+async def test_binary_data_output_must_be_a_boolean_on_native_routes_as_on_v2(client, bad):
+    """Native JSON requests ignore binary_data_output (the answer's framing follows the request's), but a
+    value that is not a boolean is refused there too (it was accepted; /v2 answers 400 for it)."""
+    r = await client.post("/solve", json={"A": A, "B": [9.0, 8.0], "binary_data_output": bad})
+    assert r.status_code == 422 and r.json()["code"] == "invalid_option" and "binary_data_output" in r.text
+    r = await client.post("/v2/models/solve/infer", json={**V2_SOLVE, "parameters": {"binary_data_output": bad}})
+    assert r.status_code == 400 and "binary_data_output" in r.text
+    r = await client.post("/solve", json={"A": A, "B": [9.0, 8.0], "binary_data_output": True})
+    assert r.status_code == 200 and r.json()["X"]["data"] == [2.0, 3.0]
+
+
 @pytest.mark.parametrize("key", ["timeout", "priority"])
 def test_a_bad_control_value_is_quoted_briefly(key):
     """The client's value appears in the error cut short (``errors.brief``), however long or deep."""
