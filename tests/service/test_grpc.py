@@ -159,6 +159,12 @@ BAD_REQUESTS = [
     (_request("det", A=("FP64", [1 << 40, 0, 0], b"")), "RESOURCE_EXHAUSTED", "too_many_elements"),
     (_request("x" * 100_000, A=("FP64", [2, 2], EYE)), "NOT_FOUND", "unknown_model"),  # quoted briefly: fits the trailers
     (_request("det", **{"x" * 100_000: ("FP64", [2, 2], EYE[:8])}), "INVALID_ARGUMENT", "shape_mismatch"),  # a long name: cut
+    # Out-of-range pivots (0, past n, negative) never reach a kernel; a rank past 32 is refused as over HTTP.
+    *[
+        (_request("lu_solve", LU=("FP64", [2, 2], EYE), pivots=("INT32", [2], np.array(p, np.int32).tobytes()), B=("FP64", [2, 1], bytes(16))), "INVALID_ARGUMENT", "invalid_pivots")
+        for p in ([0, 2], [1, 3], [-1, 2], [2**31 - 1, 2])
+    ],
+    (_request("det", A=("FP64", [1] * 31 + [2, 2], EYE)), "INVALID_ARGUMENT", "malformed_tensor"),
 ]  # fmt: skip
 
 
