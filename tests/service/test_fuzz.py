@@ -83,6 +83,10 @@ bodies = st.fixed_dictionaries(
         "left": json_values,
         "check_errors": st.booleans(),
         "adjoint": st.booleans(),
+        "anorm": tensor_like,
+        "norm": json_values,
+        "max_iter": json_values,
+        "factor_dtype": st.sampled_from(["float32", "float64", "complex64", "tf32", None]) | json_values,
     },
 )
 
@@ -108,7 +112,11 @@ def app():
     app.state.worker.stop(10)
 
 
-@given(path=st.sampled_from(["/lu_factor", "/lu_unpack", "/lu_solve", "/lu", "/solve"]), body=bodies)
+# The derived operations too (solve_refined, lu_rcond, slogdet, det): their own options and inputs.
+MODELS = ["lu_factor", "lu_unpack", "lu_solve", "lu", "solve", "solve_refined", "lu_rcond", "slogdet", "det"]
+
+
+@given(path=st.sampled_from([f"/{m}" for m in MODELS]), body=bodies)
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 def test_random_json_bodies_never_5xx(app, path, body):
     _call(app, path, json=body)
@@ -118,7 +126,7 @@ v2_inputs = st.lists(
     st.fixed_dictionaries(
         {},
         optional={
-            "name": st.sampled_from(["A", "B", "LU", "pivots"]) | json_values,
+            "name": st.sampled_from(["A", "B", "LU", "pivots", "anorm"]) | json_values,
             "shape": st.lists(dimensions, max_size=4) | json_values,
             "datatype": st.sampled_from(["FP64", "FP32", "INT32", "COMPLEX128"]) | json_values,
             "data": json_values,
@@ -131,7 +139,10 @@ v2_bodies = st.fixed_dictionaries(
     {"inputs": v2_inputs | json_values},
     optional={
         "id": json_values,
-        "parameters": st.dictionaries(st.sampled_from(["left", "pivot", "binary_data_output", "zzz"]), json_values)
+        "parameters": st.dictionaries(
+            st.sampled_from(["left", "pivot", "binary_data_output", "max_iter", "factor_dtype", "norm", "zzz"]),
+            json_values,
+        )
         | json_values,
         "outputs": st.lists(st.fixed_dictionaries({"name": json_values}, optional={"parameters": json_values}))
         | json_values,
@@ -139,20 +150,23 @@ v2_bodies = st.fixed_dictionaries(
 )
 
 
-@given(model=st.sampled_from(["lu_factor", "lu_unpack", "lu_solve", "lu", "solve"]), body=v2_bodies)
+@given(model=st.sampled_from(MODELS), body=v2_bodies)
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 def test_random_v2_json_bodies_never_5xx(app, model, body):
     _call(app, f"/v2/models/{model}/infer", json=body)
 
 
 @given(
-    model=st.sampled_from(["lu_factor", "lu_unpack", "lu_solve", "lu", "solve", "nope"]),
+    model=st.sampled_from([*MODELS, "nope"]),
     shape=st.lists(st.integers(0, 4), max_size=4),
     declared=st.none() | st.lists(dimensions, max_size=4),
     datatype=st.sampled_from(["FP32", "FP64", "COMPLEX64", "COMPLEX128", "INT32", "INT64", "FP16", "BOOL", "BYTES"]),
-    names=st.lists(st.sampled_from(["A", "B", "LU", "pivots", "X"]), min_size=1, max_size=3),
+    names=st.lists(st.sampled_from(["A", "B", "LU", "pivots", "anorm", "X"]), min_size=1, max_size=3),
     cut=st.integers(-16, 16),
-    params=st.dictionaries(st.sampled_from(["left", "adjoint", "pivot", "binary_data_output", "zzz"]), json_values),
+    params=st.dictionaries(
+        st.sampled_from(["left", "adjoint", "pivot", "binary_data_output", "max_iter", "factor_dtype", "norm", "zzz"]),
+        json_values,
+    ),
 )
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 def test_random_binary_bodies_never_5xx(app, model, shape, declared, datatype, names, cut, params):
