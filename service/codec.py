@@ -111,6 +111,10 @@ def _loads(body: bytes | bytearray | memoryview, what: str) -> Any:
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        if "infinity when parsed" in str(exc):  # 1e400: valid JSON, past float64 (orjson refuses it)
+            raise bad_request(
+                "malformed_json", f'{what} holds a number past float64\'s range ({exc}); send "Infinity" for one'
+            ) from None
         raise bad_request("malformed_json", f"{what} is not valid JSON: {exc}") from None
 
 

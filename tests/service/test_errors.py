@@ -68,6 +68,18 @@ async def test_malformed_and_invalid_bodies(client, path, body, status, code):
     assert_error(r, status, code)
 
 
+async def test_a_number_past_float64_is_named_not_called_invalid_json(client):
+    """1e400 is valid JSON that no float64 holds (the parser refuses it): the message says so."""
+    for body in (
+        b'{"A": [[1e400]]}',
+        b'{"inputs": [{"name": "A", "shape": [1, 1], "datatype": "FP64", "data": [-1e400]}]}',
+    ):
+        path = "/det" if body.startswith(b'{"A"') else "/v2/models/det/infer"
+        r = await client.post(path, content=body, headers={"content-type": "application/json"})
+        error = assert_error(r, 400, "malformed_json")["error"]
+        assert "past float64's range" in error and '"Infinity"' in error and "not valid JSON" not in error
+
+
 def test_error_messages_are_capped_in_utf8_bytes():
     from service.errors import MAX_MESSAGE, ServiceError
 
