@@ -25,6 +25,7 @@ from lu_core._validate import (
     common_dtype,
     compute_dtype,
     count,
+    flag,
     require_matrix,
     require_square,
 )
@@ -100,8 +101,9 @@ def lu_factor_ex(A: Any, *, pivot: bool = True, check_errors: bool = False) -> t
     ([2, 2], 2)
     """
     be = backend_for(A)
-    factored = be.factor_direct(A, bool(pivot))
-    LU, piv, info = factored if factored is not None else be.lu_factor_ex(_matrix(be, A, "A"), bool(pivot))
+    pivot, check_errors = flag(pivot, "pivot"), flag(check_errors, "check_errors")
+    factored = be.factor_direct(A, pivot)
+    LU, piv, info = factored if factored is not None else be.lu_factor_ex(_matrix(be, A, "A"), pivot)
     if check_errors:
         _raise_if_singular(be, info, "lu_factor_ex")
     return LU, piv, info
@@ -143,8 +145,9 @@ def lu_factor(A: Any, *, pivot: bool = True) -> tuple[Any, Any]:
     True
     """
     be = backend_for(A)
-    factored = be.factor_direct(A, bool(pivot))
-    LU, piv, info = factored if factored is not None else be.lu_factor_ex(_matrix(be, A, "A"), bool(pivot))
+    pivot = flag(pivot, "pivot")
+    factored = be.factor_direct(A, pivot)
+    LU, piv, info = factored if factored is not None else be.lu_factor_ex(_matrix(be, A, "A"), pivot)
     _raise_if_singular(be, info, "lu_factor")
     return LU, piv
 
@@ -182,8 +185,9 @@ def lu(A: Any, *, pivot: bool = True) -> tuple[Any, Any, Any]:
     True
     """
     be = backend_for(A)
+    pivot = flag(pivot, "pivot")
     a = _matrix(be, A, "A")
-    LU, piv, _ = be.lu_factor_ex(a, bool(pivot))
+    LU, piv, _ = be.lu_factor_ex(a, pivot)
     if pivot:
         out = be.unpack_direct(LU, piv, trusted=True)  # ours: no range check, no wait for the device
         if out is not None:
@@ -233,6 +237,7 @@ def lu_unpack(LU: Any, pivots: Any, unpack_data: bool = True, unpack_pivots: boo
     [[1.0, 3.0], [2.0, 4.0]]
     """
     be = backend_for(LU, pivots)
+    unpack_data, unpack_pivots = flag(unpack_data, "unpack_data"), flag(unpack_pivots, "unpack_pivots")
     if unpack_data and unpack_pivots:
         out = be.unpack_direct(LU, pivots)
         if out is not None:
@@ -241,7 +246,7 @@ def lu_unpack(LU: Any, pivots: Any, unpack_data: bool = True, unpack_pivots: boo
     piv = _pivots(be, pivots)
     check_pivots_shape(piv.shape, lu_.shape)
     piv0 = be.check_pivots(piv, lu_.shape[-2])
-    return be.lu_unpack(lu_, piv0 if unpack_pivots else None, bool(unpack_data))
+    return be.lu_unpack(lu_, piv0 if unpack_pivots else None, unpack_data)
 
 
 def lu_solve(
@@ -296,6 +301,7 @@ def lu_solve(
     [2.0, 3.0]
     """
     be = backend_for(LU, pivots, B)
+    left, adjoint, check_errors = flag(left, "left"), flag(adjoint, "adjoint"), flag(check_errors, "check_errors")
     if left and not adjoint and not check_errors:
         x = be.solve_direct(LU, pivots, B)
         if x is not None:
@@ -310,7 +316,7 @@ def lu_solve(
     piv0 = be.check_pivots(piv, lu_.shape[-1])
     if check_errors:
         _raise_if_singular(be, be.diagonal_info(lu_), "lu_solve")
-    return _solve_factored(be, lu_, piv0, b, out_batch, bool(left), bool(adjoint))
+    return _solve_factored(be, lu_, piv0, b, out_batch, left, adjoint)
 
 
 def _check_rhs(lu_shape: tuple[int, ...], b_shape: tuple[int, ...], left: bool, name: str = "LU") -> None:
@@ -351,7 +357,8 @@ def solve(A: Any, B: Any, *, left: bool = True, check_errors: bool = True) -> An
     A : array_like, shape (*batch1, n, n)
     B : array_like, shape (*batch2, n, k), or a batch of vectors (*batch2, n)
         As in ``torch.linalg.solve``, ``B`` is a batch of vectors when it is
-        one-dimensional, or when ``B.shape == A.shape[:-1]``.
+        one-dimensional, or when ``B.shape == A.shape[:-1]``; with ``left=False``
+        that is refused (``ShapeError``): ``B`` is then ``(*batch2, k, n)``.
     left : bool, default True
         ``False`` solves ``X A = B``.
     check_errors : bool, default True
@@ -382,20 +389,15 @@ def solve(A: Any, B: Any, *, left: bool = True, check_errors: bool = True) -> An
     [1.0, 0.5]
     """
     be = backend_for(A, B)
+    left, check_errors = flag(left, "left"), flag(check_errors, "check_errors")
     a = _matrix(be, A, "A")
     require_square(a.shape, "A")
     b_raw = be.asarray(B, "B")
-    vector = b_raw.ndim == 1 or (b_raw.ndim == a.ndim - 1 and tuple(b_raw.shape) == tuple(a.shape[:-1]))
-    if vector:
-        if not left and b_raw.ndim == 0:
-            raise ShapeError("B", "expected at least one dimension")
-        b_in = b_raw[..., None] if left else b_raw[..., None, :]
-    else:
-        b_in = b_raw
-    b = _matrix(be, b_in, "B")
+    vector = _vector_rhs(a.shape, b_raw.shape, left)
+    b = _matrix(be, b_raw[..., None] if vector else b_raw, "B")
     _check_rhs(a.shape, b.shape, left, "A")
     out_batch = _out_batch(a.shape, b.shape, "A, B")
-    fused = be.solve_fused(a, b, out_batch, bool(left))
+    fused = be.solve_fused(a, b, out_batch, left)
     if fused is not None:  # small systems: factor and solve back to back (one kernel launch on the CPU, two on a GPU)
         X, info = fused
         if check_errors:
@@ -405,8 +407,22 @@ def solve(A: Any, B: Any, *, left: bool = True, check_errors: bool = True) -> An
         if check_errors:
             _raise_if_singular(be, info, "solve")
         # Pivots we just produced: no range check, so no wait for the device before the solve.
-        X = _solve_factored(be, LU, be.own_pivots(piv), b, out_batch, bool(left), False)
-    return X[..., 0] if vector and left else (X[..., 0, :] if vector else X)
+        X = _solve_factored(be, LU, be.own_pivots(piv), b, out_batch, left, False)
+    return X[..., 0] if vector else X
+
+
+def _vector_rhs(a_shape: tuple[int, ...], b_shape: tuple[int, ...], left: bool, argument: str = "B") -> bool:
+    """Whether ``B`` is a batch of vectors (``torch.linalg.solve``'s rule: one-dimensional, or the shape of
+    ``A`` without its last dimension), which only ``left=True`` takes: PyTorch refuses it with ``left=False``
+    (a (3, 3) ``B`` beside a (3, 3, 3) ``A`` would otherwise be 3 row vectors here, one matrix there)."""
+    vector = len(b_shape) == 1 or (len(b_shape) == len(a_shape) - 1 and tuple(b_shape) == tuple(a_shape[:-1]))
+    if vector and not left:
+        raise ShapeError(
+            argument,
+            f"of shape {tuple(b_shape)} is a batch of vectors beside A of shape {tuple(a_shape)}, which left=False "
+            f"does not take (as in torch.linalg.solve): give {argument} as (*batch, k, n) matrices",
+        )
+    return vector
 
 
 def pivots_to_permutation(pivots: Any, m: int) -> Any:

@@ -28,11 +28,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from lu_core._api import _count, _matrix
+from lu_core._api import _count, _matrix, _vector_rhs
 from lu_core._backend import Backend, backend_for
 from lu_core._batching import broadcast_index, unravel
 from lu_core._errors import FactorDTypeError, ShapeError, SingularMatrixError
-from lu_core._validate import common_dtype, require_square
+from lu_core._validate import common_dtype, flag, require_square
 from lu_core._xp import array_module, to_host
 
 __all__ = ["GPU_FACTOR_TYPES", "RefinedSolution", "solve_refined"]
@@ -315,12 +315,12 @@ def solve_refined(
     (True, True, True)
     """
     be = backend_for(A, B)
+    left = flag(left, "left")
     a = _matrix(be, A, "A")
     require_square(a.shape, "A")
     b_raw = be.asarray(B, "B")
-    vector = b_raw.ndim == 1 or (b_raw.ndim == a.ndim - 1 and tuple(b_raw.shape) == tuple(a.shape[:-1]))
-    b_in = (b_raw[..., None] if left else b_raw[..., None, :]) if vector else b_raw
-    b = _matrix(be, b_in, "B")
+    vector = _vector_rhs(a.shape, b_raw.shape, left)
+    b = _matrix(be, b_raw[..., None] if vector else b_raw, "B")
     steps = _count(max_iter, "max_iter")
     dtype = common_dtype(a.dtype, b.dtype)
     low = factor_dtype_for(factor_dtype, dtype, be.name == "gpu")
@@ -328,7 +328,7 @@ def solve_refined(
     if b.shape[-2 if left else -1] != n:
         what = "rows" if left else "columns"
         raise ShapeError(
-            "B", f"expected {n} {what} to match A of shape {tuple(a.shape)} (left={bool(left)}), got {tuple(b.shape)}"
+            "B", f"expected {n} {what} to match A of shape {tuple(a.shape)} (left={left}), got {tuple(b.shape)}"
         )
     a_batch, b_batch = tuple(a.shape[:-2]), tuple(b.shape[:-2])
     try:
@@ -342,7 +342,7 @@ def solve_refined(
     if not left:
         X = X.swapaxes(-1, -2)
     if vector:
-        X = X[..., 0] if left else X[..., 0, :]
+        X = X[..., 0]
     return RefinedSolution(X, iterations, berr)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from lu_core._errors import DTypeError, ShapeError
+from lu_core._errors import DTypeError, InvalidInputError, ShapeError
 
 #: dtypes computed in; everything else is promoted (integers) or refused.
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64), np.dtype(np.complex128))
@@ -22,6 +22,14 @@ _SUPPORTED = frozenset(SUPPORTED_DTYPES)
 
 #: The largest count an argument may give (``m``, ``n``, ``max_iter``): rows are indexed, and pivots held, in int32.
 MAX_COUNT = 2**31 - 1
+
+
+def flag(value: Any, argument: str) -> bool:
+    """A boolean option; anything else (the string ``"false"``, None, 0) is refused, as PyTorch refuses it."""
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+    raise InvalidInputError(argument, f"expected True or False, got {shown}")
 
 
 def count(value: Any, argument: str) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from lu_core._api import _vector_rhs
 from lu_core._autodiff import _args
 from lu_core._autodiff._linalg import (
     array_module,
@@ -275,11 +276,9 @@ def solve(A: Any, X: Any, dA: Any | None, dB: Any | None, *, left: bool = True) 
     x_dtype = compute_dtype(x_raw.dtype, "X")
     if x_raw.ndim == 0:
         raise ShapeError("X", "expected at least one dimension, got a scalar")
-    # As in solve: X is a batch of vectors exactly when B was one (X's rank tells).
-    vector = x_raw.ndim == 1 or (x_raw.ndim == a.ndim - 1 and tuple(x_raw.shape) == tuple(a.shape[:-1]))
-    x_mat_shape = (
-        (*x_raw.shape, 1) if vector and left else (*x_raw.shape[:-1], 1, x_raw.shape[-1]) if vector else x_raw.shape
-    )
+    # As in solve: X is a batch of vectors exactly when B was one (X's rank tells); never with left=False.
+    vector = _vector_rhs(tuple(a.shape), tuple(x_raw.shape), left, "X")
+    x_mat_shape = (*x_raw.shape, 1) if vector else x_raw.shape
     n = a.shape[-1]
     _args.check_rhs(tuple(x_mat_shape), n, left, "X", f"A of shape {tuple(a.shape)}")
     out_batch = _args.broadcast_batch(tuple(a.shape[:-2]), tuple(x_mat_shape[:-2]), "A, X")
@@ -290,7 +289,7 @@ def solve(A: Any, X: Any, dA: Any | None, dB: Any | None, *, left: bool = True) 
     rhs = xp.zeros(x_mat_shape, dtype=dt)
     if dB is not None:
         db = _args.broadcast_companion(be, dB, "dB", tuple(x_raw.shape), dt, "X", 1 if vector else 2)
-        rhs = rhs + (db[..., None] if vector and left else db[..., None, :] if vector else db)
+        rhs = rhs + (db[..., None] if vector else db)
     if dA is not None:
         da = be.astype(_args.companion(be, dA, "dA", tuple(a.shape), a.dtype, "A"), dt)
         rhs = rhs - (da @ x if left else x @ da)

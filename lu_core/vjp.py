@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from lu_core._api import _vector_rhs
 from lu_core._autodiff import _args
 from lu_core._autodiff._linalg import (
     array_module,
@@ -404,12 +405,10 @@ def solve(A: Any, B: Any, X: Any, grad_X: Any, *, left: bool = True) -> tuple[An
         raise ShapeError("B", "is required, got None")
     b_raw = be.asarray(B, "B")
     b_dtype = compute_dtype(b_raw.dtype, "B")
-    vector = b_raw.ndim == 1 or (b_raw.ndim == a.ndim - 1 and tuple(b_raw.shape) == tuple(a.shape[:-1]))
     if b_raw.ndim == 0:
         raise ShapeError("B", "expected at least one dimension, got a scalar")
-    b_mat_shape = (
-        (*b_raw.shape, 1) if vector and left else (*b_raw.shape[:-1], 1, b_raw.shape[-1]) if vector else b_raw.shape
-    )
+    vector = _vector_rhs(tuple(a.shape), tuple(b_raw.shape), left)  # (refused with left=False, as by solve)
+    b_mat_shape = (*b_raw.shape, 1) if vector else b_raw.shape
     n = a.shape[-1]
     _args.check_rhs(tuple(b_mat_shape), n, left, "B", f"A of shape {tuple(a.shape)}")
     out_batch = _args.broadcast_batch(tuple(a.shape[:-2]), tuple(b_mat_shape[:-2]), "A, B")

@@ -83,12 +83,12 @@ class AsyncLUClient(BaseClient):
         self, A: Any, B: Any, *, left: bool = True, check_errors: bool = True, timeout: Any = None
     ) -> np.ndarray:
         a, b = to_numpy(A, "A"), to_numpy(B, "B")
-        vector = vector_rhs(a, b)
+        vector = vector_rhs(a, b, left)
         if vector:
-            b = b[..., None] if left else b[..., None, :]
+            b = b[..., None]
         out = await self._run("solve", {"A": a, "B": b}, {"left": left, "check_errors": check_errors}, timeout)
         X = out["X"]
-        return (X[..., 0] if left else X[..., 0, :]) if vector else X
+        return X[..., 0] if vector else X
 
     # ------------------------------------------------------------------ stored factorizations
 
@@ -145,7 +145,7 @@ class AsyncLUClient(BaseClient):
         a, b, vector = _refined_inputs(A, B, left)
         opts = {"left": left, "factor_dtype": factor_dtype, "max_iter": max_iter}
         out = await self._run("solve_refined", {"A": a, "B": b}, opts, timeout)
-        return _refined_outputs(out, vector, left)
+        return _refined_outputs(out, vector)
 
     async def lu_rcond(self, LU: Any, pivots: Any, anorm: Any, *, norm: str = "1", timeout: Any = None) -> np.ndarray:
         """LAPACK ?gecon's estimate of ``1 / (||A|| ||A^-1||)`` from a factorization."""

@@ -293,25 +293,28 @@ def metadata_info(metadata: Mapping[str, Any]) -> np.ndarray | None:
     return None if info is None else from_json_tensor(info)
 
 
-def vector_rhs(A: np.ndarray, B: np.ndarray) -> bool:
-    """``torch.linalg.solve``'s rule: B is a (batch of) vector(s)."""
-    return B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
+def vector_rhs(A: np.ndarray, B: np.ndarray, left: bool) -> bool:
+    """``torch.linalg.solve``'s rule: B is a (batch of) vector(s), which only ``left=True`` takes (a
+    ``ValueError`` otherwise, before any request, as ``lu_core.solve`` and PyTorch refuse it)."""
+    vector = B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
+    if vector and not left:
+        raise ValueError(
+            f"B: of shape {B.shape} is a batch of vectors beside A of shape {A.shape}, which left=False does not "
+            "take (as in torch.linalg.solve): give B as (*batch, k, n) matrices"
+        )
+    return vector
 
 
 def _refined_inputs(A: Any, B: Any, left: bool) -> tuple[np.ndarray, np.ndarray, bool]:
     """``solve_refined``'s inputs, a vector ``B`` sent as one column (so batches split like any other)."""
     a, b = to_numpy(A, "A"), to_numpy(B, "B")
-    vector = vector_rhs(a, b)
-    if vector:
-        b = b[..., None] if left else b[..., None, :]
-    return a, b, vector
+    vector = vector_rhs(a, b, left)
+    return a, (b[..., None] if vector else b), vector
 
 
-def _refined_outputs(
-    out: Mapping[str, np.ndarray | None], vector: bool, left: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _refined_outputs(out: Mapping[str, np.ndarray | None], vector: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     X = out["X"]
     assert X is not None
     if vector:
-        X = X[..., 0] if left else X[..., 0, :]
+        X = X[..., 0]
     return X, out["iterations"], out["backward_error"]  # type: ignore[return-value]

@@ -81,11 +81,11 @@ class LUClient(BaseClient):
 
     def solve(self, A: Any, B: Any, *, left: bool = True, check_errors: bool = True, timeout: Any = None) -> np.ndarray:
         a, b = to_numpy(A, "A"), to_numpy(B, "B")
-        vector = vector_rhs(a, b)
+        vector = vector_rhs(a, b, left)
         if vector:  # sent as a one-column matrix, so that big batches can be split like any other
-            b = b[..., None] if left else b[..., None, :]
+            b = b[..., None]
         X = self._run("solve", {"A": a, "B": b}, {"left": left, "check_errors": check_errors}, timeout)["X"]
-        return (X[..., 0] if left else X[..., 0, :]) if vector else X
+        return X[..., 0] if vector else X
 
     # ------------------------------------------------------------------ stored factorizations
 
@@ -151,7 +151,7 @@ class LUClient(BaseClient):
         a, b, vector = _refined_inputs(A, B, left)
         opts = {"left": left, "factor_dtype": factor_dtype, "max_iter": max_iter}
         out = self._run("solve_refined", {"A": a, "B": b}, opts, timeout)
-        return _refined_outputs(out, vector, left)
+        return _refined_outputs(out, vector)
 
     def lu_rcond(self, LU: Any, pivots: Any, anorm: Any, *, norm: str = "1", timeout: Any = None) -> np.ndarray:
         """LAPACK ?gecon's estimate of ``1 / (||A|| ||A^-1||)`` from a factorization."""

@@ -15,13 +15,14 @@ import numpy as np
 
 from lu_core._backend import Backend
 from lu_core._batching import unravel
-from lu_core._errors import DTypeError, InvalidInputError, ShapeError, SingularMatrixError
+from lu_core._errors import DTypeError, ShapeError, SingularMatrixError
 from lu_core._validate import (
     check_pivot_dtype,
     check_pivots_shape,
     common_dtype,
     compute_dtype,
     count,  # noqa: F401 - sizes (m, n) of the vjp/jvp functions: _args.count
+    flag,  # noqa: F401 - their options: _args.flag
     require_matrix,
     require_square,
 )
@@ -89,13 +90,6 @@ def broadcast_batch(first: tuple[int, ...], second: tuple[int, ...], names: str)
         raise ShapeError(
             names, f"batch dimensions {tuple(first)} and {tuple(second)} cannot be broadcast together"
         ) from None
-
-
-def flag(value: Any, argument: str) -> bool:
-    """A boolean option; anything else (e.g. the string ``"false"``) is refused."""
-    if isinstance(value, bool | np.bool_):
-        return bool(value)
-    raise InvalidInputError(argument, f"expected True or False, got {value!r}")
 
 
 def check_rhs(shape: tuple[int, ...], n: int, left: bool, argument: str, against: str) -> None:

@@ -118,8 +118,12 @@ class CpuBackend:
         if type(x) is np.ndarray:
             return x
         try:
+            if type(x).__module__.split(".")[0] == "torch" and hasattr(x, "detach"):
+                # A CPU tensor that requires grad, or carries a lazy conjugate or negation bit, refuses
+                # __array__ (RuntimeError): its values, as PyTorch computes with them.
+                x = x.detach().resolve_conj().resolve_neg()
             return np.asarray(x)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RuntimeError) as exc:
             raise DTypeError(argument, f"cannot be read as an array: {exc}") from None
 
     def astype(self, x: np.ndarray, dtype: np.dtype) -> np.ndarray:

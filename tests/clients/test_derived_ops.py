@@ -26,7 +26,10 @@ async def run_all(client, call, rng, dtype):
         same(got, want)
     v = rng.standard_normal(6).astype(dtype)
     same((await call(client.solve_refined(A[0], v)))[0], lu_core.solve_refined(A[0], v).X)
-    same((await call(client.solve_refined(A, v, left=False)))[0], lu_core.solve_refined(A, v, left=False).X)
+    row = v[None]  # with left=False a vector is refused (as by torch.linalg.solve): a (1, n) matrix instead
+    same((await call(client.solve_refined(A, row, left=False)))[0], lu_core.solve_refined(A, row, left=False).X)
+    with pytest.raises(ValueError, match="^B: .* batch of vectors .* left=False"):  # refused before any request
+        await call(client.solve_refined(A, v, left=False))
     LU, piv = lu_core.lu_factor(A)
     anorm = np.abs(A).sum(axis=-2).max(axis=-1).real
     same(await call(client.lu_rcond(LU, piv, anorm)), lu_core.lu_rcond(LU, piv, anorm))

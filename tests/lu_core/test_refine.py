@@ -112,8 +112,10 @@ def test_broadcasting_vectors_and_right_side(rng):
     Bt = rng.standard_normal((2, 1, 3, 5))
     X, _, _ = lu_core.solve_refined(A, Bt, left=False)
     np.testing.assert_allclose(X @ A, Bt, atol=1e-12)
-    X, _, _ = lu_core.solve_refined(A[0, 0], v, left=False)
-    np.testing.assert_allclose(X @ A[0, 0], v, atol=1e-12)
+    X, _, _ = lu_core.solve_refined(A[0, 0], v[None], left=False)  # one row vector: a (1, n) matrix
+    np.testing.assert_allclose(X @ A[0, 0], v[None], atol=1e-12)
+    with pytest.raises(lu_core.ShapeError, match="^B: .* batch of vectors .* left=False"):  # as torch.linalg.solve
+        lu_core.solve_refined(A[0, 0], v, left=False)
 
 
 @pytest.mark.parametrize(

@@ -164,8 +164,22 @@ class TestSolve:
         X = lu_core.solve(A, B, left=False)
         np.testing.assert_allclose(X @ A, B, atol=1e-12)
         v = rng.standard_normal(5)
-        x = lu_core.solve(A, v, left=False)
-        np.testing.assert_allclose(np.einsum("bi,bij->bj", x, A), np.broadcast_to(v, (2, 5)), atol=1e-12)
+        x = lu_core.solve(A, v[None], left=False)  # a row vector is a (1, n) matrix with left=False
+        np.testing.assert_allclose(x @ A, np.broadcast_to(v[None], (2, 1, 5)), atol=1e-12)
+
+    @pytest.mark.parametrize(
+        ("a_shape", "b_shape"), [((5, 5), (5,)), ((1, 1), (1,)), ((3, 3, 3), (3, 3)), ((2, 4, 4), (4,))]
+    )
+    def test_vectors_are_refused_with_left_false_as_torch_refuses_them(self, rng, a_shape, b_shape):
+        """torch.linalg.solve takes a batch of vectors (1-D B, or B.shape == A.shape[:-1]) with left=True only;
+        a (3, 3) B beside a (3, 3, 3) A was read here as 3 row vectors where a user may mean one matrix."""
+        A, B = well_conditioned(rng, a_shape, np.float64), rng.standard_normal(b_shape)
+        for call in (lu_core.solve, lambda A, B, left: lu_core.solve_refined(A, B, left=left)):
+            with pytest.raises(lu_core.ShapeError, match=r"^B: of shape .* batch of vectors .* left=False") as info:
+                call(A, B, left=False)
+            assert isinstance(info.value, ValueError)
+        X = lu_core.solve(A, B)  # left=True: vectors in, vectors out
+        assert X.shape == np.broadcast_shapes(a_shape[:-1], b_shape)
 
     def test_broadcast_factors_each_a_once(self, rng):
         A = well_conditioned(rng, (5, 5), np.float64)

@@ -60,3 +60,15 @@ def test_torch_tensor_input_runs_on_cpu(rng):
     LU, piv = lu_core.lu_factor(A)
     assert isinstance(LU, np.ndarray)
     np.testing.assert_array_equal(piv, torch.linalg.lu_factor(A)[1].numpy())
+
+
+def test_tensors_that_require_grad_or_carry_a_conjugate_or_negation_bit_are_read_as_torch_reads_them(rng):
+    """Their __array__ raises (RuntimeError, not a ValueError); lu_core reads their values instead."""
+    A = torch.from_numpy(well_conditioned(rng, (2, 5, 5), np.complex128))
+    for t in (A.clone().requires_grad_(True), A.conj(), torch._neg_view(A), A.conj().requires_grad_(True)):
+        LU_t, piv_t = torch.linalg.lu_factor(t.detach())
+        LU, piv = lu_core.lu_factor(t)
+        np.testing.assert_array_equal(piv, piv_t.numpy())
+        assert_close(LU, LU_t.numpy(), np.complex128, 5)
+    with pytest.raises(lu_core.DTypeError, match="^A: cannot be read as an array"):
+        lu_core.lu_factor(torch.eye(2, device="meta"))

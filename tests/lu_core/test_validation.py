@@ -259,3 +259,59 @@ def test_big_endian_input_keeps_the_dtype_rules():
     bad[0] = 4
     with pytest.raises(PivotError, match=r"value 4 at index \(0,\) is outside \[1, 3\]"):
         lu_core.lu_solve(LU, bad, B)
+
+
+class _Tensor:
+    """A stand-in for a PyTorch tensor that requires grad (the real one: test_torch_parity, where PyTorch is
+    installed): its __array__ raises RuntimeError until detached, as torch's does."""
+
+    __module__ = "torch"
+
+    def __init__(self, values: np.ndarray, attached: bool = True) -> None:
+        self.values, self.attached = values, attached
+
+    def detach(self) -> _Tensor:
+        return _Tensor(self.values, attached=False)
+
+    def resolve_conj(self) -> _Tensor:
+        return self
+
+    def resolve_neg(self) -> _Tensor:
+        return self
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        if self.attached:
+            raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
+        return self.values
+
+
+def test_a_torch_tensor_is_detached_before_it_is_read():
+    A = np.array([[4.0, 3.0], [6.0, 3.0]])
+    LU, piv = lu_core.lu_factor(_Tensor(A))
+    np.testing.assert_array_equal(piv, [2, 2])
+    np.testing.assert_allclose(LU, [[6.0, 3.0], [2 / 3, 1.0]])
+    np.testing.assert_allclose(lu_core.solve(_Tensor(A), _Tensor(np.array([10.0, 12.0]))), [1.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    ("call", "argument"),
+    [
+        (lambda: lu_core.lu_factor(np.eye(2), pivot="False"), "pivot"),
+        (lambda: lu_core.lu_factor_ex(np.eye(2), check_errors=None), "check_errors"),
+        (lambda: lu_core.lu(np.eye(2), pivot=1), "pivot"),
+        (lambda: lu_core.lu_unpack(np.eye(2), np.array([1, 2]), unpack_data="yes"), "unpack_data"),
+        (lambda: lu_core.lu_unpack(np.eye(2), np.array([1, 2]), unpack_pivots=0), "unpack_pivots"),
+        (lambda: lu_core.lu_solve(np.eye(2), np.array([1, 2]), np.ones((2, 1)), left="False"), "left"),
+        (lambda: lu_core.lu_solve(np.eye(2), np.array([1, 2]), np.ones((2, 1)), adjoint=None), "adjoint"),
+        (lambda: lu_core.lu_solve(np.eye(2), np.array([1, 2]), np.ones((2, 1)), check_errors=[]), "check_errors"),
+        (lambda: lu_core.solve(np.eye(2), np.ones(2), left=None), "left"),
+        (lambda: lu_core.solve(np.eye(2), np.ones(2), check_errors="no"), "check_errors"),
+        (lambda: lu_core.solve_refined(np.eye(2), np.ones(2), left=np.array([True, False])), "left"),
+    ],
+)
+def test_flags_that_are_not_booleans_are_refused_everywhere(call, argument):
+    """As PyTorch refuses them (TypeError there): left="False" solved A X = B, left=None X A = B."""
+    with pytest.raises(lu_core.InvalidInputError, match=f"^{argument}: expected True or False") as info:
+        call()
+    assert info.value.argument == argument and isinstance(info.value, ValueError)
+    assert lu_core.lu_factor(np.eye(2), pivot=np.True_)[1].tolist() == [1, 2]  # NumPy's booleans are booleans
