@@ -85,7 +85,8 @@ class Settings(BaseSettings):
     max_json_bytes: int = Field(
         64 * MiB,
         gt=0,
-        description="Largest JSON body (parsed JSON takes up to ~24x its text in memory; send big tensors binary).",
+        description="Largest JSON body, and largest JSON header of a binary request (parsed JSON takes 20-44x "
+        "its text in memory; send big tensors binary).",
     )
     max_inflight_bytes: int = Field(
         default_factory=default_inflight_bytes,

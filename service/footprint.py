@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-__all__ = ["ANSWER_FACTOR", "BODY_FACTOR", "answer_bytes", "body_bytes", "work_elements"]
+__all__ = ["ANSWER_FACTOR", "BODY_FACTOR", "answer_bytes", "body_bytes", "json_structure_bytes", "work_elements"]
 
 # Bytes held per byte of body, at most (the measured worst case, rounded up).
 BODY_FACTOR = {"binary": 3, "json": 24}
@@ -39,6 +39,30 @@ REQUEST_OVERHEAD = 64 * 1024
 def body_bytes(fmt: str, nbytes: int) -> int:
     """Memory a body of ``nbytes`` in format ``fmt`` ("binary" or "json") takes until its answer is sent."""
     return REQUEST_OVERHEAD + BODY_FACTOR[fmt] * nbytes
+
+
+# What parsed JSON takes beyond BODY_FACTOR["json"] per byte of text, per list, object and string it opens:
+# a nested "[[[0]]]" is a 56-byte list (and its slot in the parent) per level, 44 bytes per byte of
+# text; "{}," a 64-byte dict, 36 per byte; '"a",' a 50-byte string, 27 per byte (measured with
+# tracemalloc, tests/service/test_footprint.py). Flat lists of numbers stay under BODY_FACTOR alone.
+LIST_BYTES, OBJECT_BYTES, STRING_BYTES = 80, 200, 30  # per "[", "{" and '"'
+#: JSON whose structure takes at most this much is covered by REQUEST_OVERHEAD (a binary request's
+#: header, a small body): nothing more is reserved for it.
+JSON_SLACK = REQUEST_OVERHEAD // 4
+_COUNT_CHUNK = 1 << 20
+
+
+def json_structure_bytes(text: bytes | bytearray | memoryview) -> int:
+    """Memory parsing ``text`` takes beyond ``BODY_FACTOR["json"]`` per byte: its lists, objects and strings,
+    counted in one pass over the text (1 MiB at a time) before it is parsed."""
+    if len(text) <= _COUNT_CHUNK:  # (a binary request's header: one copy and three counts, ~1 us)
+        return _structure(bytes(text))
+    view = memoryview(text).cast("B")
+    return sum(_structure(bytes(view[i : i + _COUNT_CHUNK])) for i in range(0, len(view), _COUNT_CHUNK))
+
+
+def _structure(chunk: bytes) -> int:
+    return LIST_BYTES * chunk.count(b"[") + OBJECT_BYTES * chunk.count(b"{") + STRING_BYTES * chunk.count(b'"')
 
 
 def answer_bytes(fmt: str, elements: int, itemsize: int) -> int:

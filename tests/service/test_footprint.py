@@ -7,6 +7,7 @@ including JSON written to take the most memory per byte of text.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tracemalloc
 
@@ -15,7 +16,8 @@ import pytest
 
 import lu_core
 from service.codec import decode_binary, decode_native_json, encode_binary, encode_native_json
-from service.footprint import answer_bytes, body_bytes
+from service.errors import ServiceError
+from service.footprint import JSON_SLACK, answer_bytes, body_bytes, json_structure_bytes
 from service.operations import OPERATIONS
 from tests.service.wire import binary_request, to_json_tensor
 
@@ -103,3 +105,38 @@ def test_reservation_bounds_adversarial_json(text):
     for _ in range(2):
         peak, reserved = serve_traced("lu_factor", "json", body, None)
     assert peak <= reserved, (text[:40], peak, reserved, peak / len(body))
+
+
+DEEP = "[" * 300 + "]" * 300
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"A": [' + ",".join([DEEP] * 400) + "]}",  # nested lists: 44 bytes per byte of text, refused after parsing
+        '{"A": [[1]], "x": [' + ",".join([DEEP] * 400) + "]}",  # the same in an option
+        '{"A": [' + ",".join(["[]"] * 40000) + "]}",
+        '{"A": [[1]], "x": [' + ",".join(["{}"] * 40000) + "]}",
+        '{"A": [[1]], "x": [' + ",".join(['{"a":' * 200 + "0" + "}" * 200] * 100) + "]}",
+        '{"A": [[1]], "x": [' + ",".join(['"a"'] * 40000) + "]}",
+        '{"A": [' + ",".join(["[[0]]"] * 20000) + "]}",
+        '{"A": [[' + ",".join(["0.5"] * 40000) + "]]}",
+    ],
+)
+def test_parsing_json_stays_within_what_is_reserved_before_it(text):
+    """What the pipeline reserves before parsing (the admission's per-byte factor from Content-Length, then
+    the text's lists, objects and strings) bounds the parse, whether or not the body is refused after it:
+    a refused body has no answer reserved (the 24x factor alone let nested lists take 44x)."""
+    body = bytearray(text.encode())
+    extra = json_structure_bytes(body)
+    reserved = body_bytes("json", len(body)) + (extra if extra > JSON_SLACK else 0)
+    for _ in range(2):
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            with contextlib.suppress(ServiceError):
+                decode_native_json(body, ("A",), LIMIT)
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+    assert peak + len(body) <= reserved, (text[:30], peak / len(body), reserved / len(body))

@@ -123,6 +123,28 @@ async def test_deeply_nested_binary_header_is_4xx(client):
     assert_4xx(r, 400)
 
 
+async def test_a_binary_request_that_is_all_json_header_is_held_to_the_json_bounds(make_client):
+    """A binary request whose Inference-Header-Content-Length is the whole body was parsed as JSON under
+    the binary bounds: LU_MAX_REQUEST_BYTES instead of LU_MAX_JSON_BYTES, and 3x its bytes reserved where
+    nested lists take 44x (64 MiB of it peaked at 3.2 GiB over a 1 GiB budget, found by a helper's audit)."""
+    deep = "[" * 300 + "]" * 300
+    header = ('{"inputs": [], "parameters": {"x": [' + ",".join([deep] * 200) + "]}}").encode()  # 120 KB
+    headers = {"content-type": "application/octet-stream", "inference-header-content-length": str(len(header))}
+    small_json = await make_client(max_json_bytes=100_000)
+    body = assert_4xx(await small_json.post("/v2/models/lu_factor/infer", content=header, headers=headers), 413)
+    assert body["code"] == "request_too_large" and "LU_MAX_JSON_BYTES = 100000" in body["error"]
+    # Within LU_MAX_JSON_BYTES but not within the budget once its lists are counted (about 5 MB for the
+    # parse against 0.4 MB at the binary factor): refused before it is parsed.
+    tight = await make_client(max_inflight_bytes=2_000_000)
+    body = assert_4xx(await tight.post("/v2/models/lu_factor/infer", content=header, headers=headers), 413)
+    assert "the parsed JSON" in body["error"]
+    state = tight.app.state
+    assert state.budget.in_use == state.bodies.held_bytes  # nothing held back but the idle receive buffers
+    for client in (small_json, tight):  # the same service still answers an ordinary binary request
+        ok, ok_headers = binary_request({"A": np.eye(3)})
+        assert (await client.post("/lu_factor", content=ok, headers=ok_headers)).status_code == 200
+
+
 # ----------------------------------------------------------------------------- zero-size work
 
 
