@@ -188,6 +188,37 @@ def test_requests_pipelined_before_an_unparsable_one_are_answered_first(server):
     assert raw.count(b'"data":[2.0]') == 2 and b"malformed_request" in raw
 
 
+def test_more_requests_pipelined_than_the_bound_get_their_answers_then_429_and_close(server):
+    """Pipelined requests are parsed ahead of their answers up to MAX_PIPELINED on one connection; the one
+    past it is refused (429) after the answers before it, and nothing further is parsed (one read of
+    7,700 pipelined GETs was 23 MB of queued requests before; found by a helper's audit)."""
+    from service.protocol import MAX_PIPELINED
+
+    sock = connect(server)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 2000)  # (the socket buffers it all)
+    raw = read_until_closed(sock)
+    sock.close()
+    statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", raw)
+    # The first request runs at once; the next MAX_PIPELINED wait behind it; the one after that is refused.
+    assert statuses == [b"200"] * (MAX_PIPELINED + 1) + [b"429"], (len(statuses), statuses[-3:])
+    assert b"too_many_pipelined_requests" in raw
+
+
+def test_more_header_fields_than_the_bound_get_431(server):
+    """16,000 empty headers fit in LU_MAX_HEADER_BYTES and cost 1.7 MiB of Python objects per connection:
+    a request with more than MAX_HEADER_FIELDS fields is refused (431) and the connection closed."""
+    from service.protocol import MAX_HEADER_FIELDS
+
+    for fields, expected in ((MAX_HEADER_FIELDS - 1, 200), (MAX_HEADER_FIELDS + 1, 431), (2000, 431)):
+        sock = connect(server)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nConnection: close\r\n" + b"a:\r\n" * (fields - 1) + b"\r\n")
+        status, _, body = parse_response(read_until_closed(sock))
+        sock.close()
+        assert status == expected, (fields, status, body)
+        if expected == 431:
+            assert body["code"] == "headers_too_large" and f"more than {MAX_HEADER_FIELDS} header" in body["error"]
+
+
 def test_an_unparsable_chunked_body_is_refused_at_once(server):
     """A request whose own body cannot be parsed gets one answer, the 400, at once (not a wait for its
     body until the read deadline, then a second answer)."""
