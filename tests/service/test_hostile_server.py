@@ -513,3 +513,49 @@ def test_a_client_leaving_during_a_direct_read_is_a_499(server):
     assert 'endpoint="/solve",method="POST",status="499"' in text
     assert "Traceback" not in "".join(server.log[before:])
     assert httpx.get(f"{server.url}/healthz").status_code == 200
+
+
+@pytest.fixture(scope="module")
+def writing_server() -> Iterator[Server]:
+    # 2 s plus 16 MiB/s to take an answer: a 32 MiB one may take 4 s.
+    yield from serving(LU_WARMUP="false", LU_READ_TIMEOUT_S="2", LU_MIN_UPLOAD_RATE=str(16 << 20))
+
+
+@pytest.mark.parametrize("fmt", ["binary", "json"])
+def test_an_answer_the_client_does_not_read_stays_reserved_until_the_write_deadline_cuts_it_off(writing_server, fmt):
+    """A 32 MiB answer to a client that never reads: the request (its reservation counting the answer) lasts
+    until the send buffer drains, which it never does, and the write deadline then closes the connection and
+    frees the buffer. Before, the request ended with the last write: the answer sat outside the budget for as
+    long as the client kept the connection open (found by a helper's audit)."""
+    server = writing_server
+    n = 2048
+    LU, pivots = np.eye(n)[:, :1].copy(), np.ones(1, np.int32)
+    if fmt == "binary":
+        body, headers = binary_request({"LU": LU, "pivots": pivots}, {"unpack_data": False})
+    else:  # one write of ~20 MB of JSON text: the request used to end with it
+        body = json.dumps({"LU": LU.tolist(), "pivots": [1], "unpack_data": False}).encode()
+        headers = {"content-type": "application/json"}
+    sock = connect(server)
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    sock.sendall(f"POST /lu_unpack HTTP/1.1\r\nHost: x\r\n{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    start = time.monotonic()
+    held = 0.0
+    while time.monotonic() - start < 1.5:  # computed and written meanwhile; not read
+        metrics = httpx.get(f"{server.url}/metrics").text
+        held = max(held, metric_value(metrics, "lu_inflight_bytes") - metric_value(metrics, "lu_body_pool_held_bytes"))
+        time.sleep(0.1)
+    assert held >= 6 * n * n * 8  # the answer's reservation (6x its 32 MiB binary, 12x as JSON) is still held
+    time.sleep(max(0.0, start + 5 - time.monotonic()))  # past the write deadline (4 s), still not reading
+    sock.settimeout(20)
+    deadline = time.monotonic() + 20
+    closed = False
+    while time.monotonic() < deadline and not closed:  # now read: what was buffered, then the close
+        try:
+            closed = not sock.recv(1 << 20)
+        except ConnectionResetError:
+            closed = True
+    sock.close()
+    assert closed and time.monotonic() - start < 2 + 2 + 8  # cut off at the write deadline (4 s), not later
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert metric_value(metrics, "lu_inflight_bytes") == metric_value(metrics, "lu_body_pool_held_bytes")
+    assert 'endpoint="/lu_unpack",method="POST",status="499"' in metrics  # a client that went away
