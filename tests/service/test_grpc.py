@@ -250,6 +250,31 @@ async def test_overload_and_timeout_option_are_mapped(make_grpc):
     assert "lu_deadline_exceeded_total 1.0" in (await http.get("/metrics")).text
 
 
+async def test_rpcs_at_once_are_bounded_by_what_the_memory_budget_holds_of_the_largest_messages(make_grpc):
+    """grpcio receives a whole message before the servicer reserves for it: the server takes at most
+    LU_MAX_INFLIGHT_BYTES / (3 x LU_MAX_REQUEST_BYTES) RPCs at once (MIN_CONCURRENT_RPCS at least), the rest
+    RESOURCE_EXHAUSTED at once (32 compressed 60 MiB calls took 5.7 GB past a 512 MiB budget before)."""
+    from service.grpc_server import MIN_CONCURRENT_RPCS, max_concurrent_rpcs
+
+    http, client, _ = await make_grpc(max_request_bytes=1 << 20, max_inflight_bytes=16 << 20)
+    assert max_concurrent_rpcs(http.app.state.settings) == MIN_CONCURRENT_RPCS  # 16 MiB / 3 MiB = 5: the floor
+    wide = await make_grpc(max_request_bytes=1 << 20, max_inflight_bytes=1 << 30)
+    assert max_concurrent_rpcs(wide[0].app.state.settings) == (1 << 30) // (3 * (1 << 20) + 64 * 1024)
+    device = GatedDevice()
+    http.app.state.worker.device = device
+    calls = [asyncio.ensure_future(client.infer("lu", infer_inputs({"A": np.eye(2)}))) for _ in range(20)]
+    await asyncio.to_thread(device.started.wait, 10)
+    await asyncio.sleep(0.5)  # every call has reached the server: the ones past the bound are refused
+    device.gate.set()
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    refused = [r for r in results if isinstance(r, InferenceServerException)]
+    assert len(refused) == 20 - MIN_CONCURRENT_RPCS, results
+    assert all(r.status() == "StatusCode.RESOURCE_EXHAUSTED" for r in refused)
+    for r in results:
+        if not isinstance(r, Exception):
+            np.testing.assert_array_equal(r.as_numpy("L"), np.eye(2))
+
+
 async def test_the_grpc_deadline_bounds_the_queue_wait(make_grpc):
     http, client, _ = await make_grpc()
     device = GatedDevice()
