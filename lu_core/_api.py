@@ -457,11 +457,8 @@ def pivots_to_permutation(pivots: Any, m: int) -> Any:
     """
     be = backend_for(pivots)
     piv = _pivots(be, pivots)
-    m_int = _count(m, "m")
+    m_int = count(m, "m")
     if piv.shape[-1] > m_int:
         raise ShapeError("pivots", f"has {piv.shape[-1]} entries per matrix, more than m = {m_int}")
     piv0 = be.check_pivots(piv, m_int)
     return be.pivots_to_permutation(piv0, m_int).reshape(*piv.shape[:-1], m_int)
-
-
-_count = count  # (the name _refine imports)

@@ -28,11 +28,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from lu_core._api import _count, _matrix, _vector_rhs
+from lu_core._api import _matrix, _vector_rhs
 from lu_core._backend import Backend, backend_for
 from lu_core._batching import broadcast_index, unravel
 from lu_core._errors import FactorDTypeError, ShapeError, SingularMatrixError
-from lu_core._validate import common_dtype, flag, require_square
+from lu_core._validate import common_dtype, count, flag, require_square
 from lu_core._xp import array_module, to_host
 
 __all__ = ["GPU_FACTOR_TYPES", "RefinedSolution", "solve_refined"]
@@ -321,7 +321,7 @@ def solve_refined(
     b_raw = be.asarray(B, "B")
     vector = _vector_rhs(a.shape, b_raw.shape, left)
     b = _matrix(be, b_raw[..., None] if vector else b_raw, "B")
-    steps = _count(max_iter, "max_iter")
+    steps = count(max_iter, "max_iter")
     dtype = common_dtype(a.dtype, b.dtype)
     low = factor_dtype_for(factor_dtype, dtype, be.name == "gpu")
     n = a.shape[-1]

@@ -24,19 +24,23 @@ _SUPPORTED = frozenset(SUPPORTED_DTYPES)
 MAX_COUNT = 2**31 - 1
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut short for a message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
 def flag(value: Any, argument: str) -> bool:
     """A boolean option; anything else (the string ``"false"``, None, 0) is refused, as PyTorch refuses it."""
     if isinstance(value, bool | np.bool_):
         return bool(value)
-    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
-    raise InvalidInputError(argument, f"expected True or False, got {shown}")
+    raise InvalidInputError(argument, f"expected True or False, got {_shown(value)}")
 
 
 def count(value: Any, argument: str) -> int:
     """A non-negative integer argument (a size, a number of steps), at most :data:`MAX_COUNT`."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value <= MAX_COUNT:
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
-        raise ShapeError(argument, f"expected a non-negative integer up to 2**31 - 1, got {shown}")
+        raise ShapeError(argument, f"expected a non-negative integer up to 2**31 - 1, got {_shown(value)}")
     return int(value)
 
 

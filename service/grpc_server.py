@@ -27,7 +27,7 @@ from service.auth import check_authorization
 from service.codec import check_outputs_known
 from service.context import choose_request_id, request_id_var
 from service.errors import ServiceError, from_core, unavailable
-from service.footprint import body_bytes
+from service.footprint import BODY_FACTOR, body_bytes
 from service.grpc_codec import decode_infer_request, encode_infer_response
 from service.logs import ACCESS, log_access
 from service.metadata import VERSION, find_model, model_metadata, server_metadata
@@ -248,13 +248,20 @@ _SERVED = ", ".join(
 MIN_CONCURRENT_RPCS = 16
 
 
+def max_message_bytes(settings: Any) -> int:
+    """The largest message grpcio takes: ``LU_MAX_REQUEST_BYTES``, and at most what lets
+    :data:`MIN_CONCURRENT_RPCS` messages, each held at the binary factor, fit in ``LU_MAX_INFLIGHT_BYTES``."""
+    fair = settings.max_inflight_bytes // (MIN_CONCURRENT_RPCS * BODY_FACTOR["binary"])
+    return max(1, min(settings.max_request_bytes, _MAX_MESSAGE, fair))
+
+
 def max_concurrent_rpcs(settings: Any) -> int:
-    """How many RPCs grpcio serves at once (RESOURCE_EXHAUSTED beyond): as many whole messages of the largest
-    size, each held at the binary factor, as LU_MAX_INFLIGHT_BYTES holds. grpcio receives (and inflates) a
-    message whole before the servicer can reserve for it: 32 gzip-compressed 60 MiB calls at once took the
-    process 5.7 GB past a 512 MiB budget (found by a helper's audit)."""
-    message = min(settings.max_request_bytes, _MAX_MESSAGE)
-    return max(MIN_CONCURRENT_RPCS, settings.max_inflight_bytes // body_bytes("binary", message))
+    """How many RPCs grpcio serves at once (RESOURCE_EXHAUSTED beyond), health checks included: as many whole
+    messages of the largest size, each held at the binary factor, as LU_MAX_INFLIGHT_BYTES holds (and
+    :data:`MIN_CONCURRENT_RPCS` at least, which :func:`max_message_bytes` makes fit). grpcio receives (and
+    inflates) a message whole before the servicer can reserve for it: 32 gzip-compressed 60 MiB calls at once
+    took the process 5.7 GB past a 512 MiB budget (found by a helper's audit)."""
+    return max(MIN_CONCURRENT_RPCS, settings.max_inflight_bytes // body_bytes("binary", max_message_bytes(settings)))
 
 
 class GrpcServer:
@@ -271,8 +278,9 @@ class GrpcServer:
         server = grpc.aio.server(
             maximum_concurrent_rpcs=max_concurrent_rpcs(settings),
             options=[
-                # The body bound of HTTP: a larger message is refused (RESOURCE_EXHAUSTED) before it is parsed.
-                ("grpc.max_receive_message_length", min(settings.max_request_bytes, _MAX_MESSAGE)),
+                # The body bound of HTTP (lower where the budget is small): a larger message is refused
+                # (RESOURCE_EXHAUSTED) before it is parsed.
+                ("grpc.max_receive_message_length", max_message_bytes(settings)),
                 ("grpc.max_send_message_length", _MAX_MESSAGE),
             ],
         )
@@ -284,8 +292,14 @@ class GrpcServer:
             raise OSError(f"LU_GRPC_PORT: cannot listen on {address}: {exc}") from None
         await server.start()
         self._server = server
-        limit = max_concurrent_rpcs(settings)
-        log.info("gRPC on %s (at most %d RPCs at once)", address, limit, extra={"grpc_port": self.port, "rpcs": limit})
+        limit, message = max_concurrent_rpcs(settings), max_message_bytes(settings)
+        log.info(
+            "gRPC on %s (at most %d RPCs at once, messages up to %d bytes)",
+            address,
+            limit,
+            message,
+            extra={"grpc_port": self.port, "rpcs": limit, "max_message_bytes": message},
+        )
         return self.port
 
     async def stop(self, grace: float) -> None:

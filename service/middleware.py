@@ -17,6 +17,16 @@ Every answer carries ``X-Request-ID``, 500s included: an unexpected exception is
 answered here, with the id, rather than by Starlette's outermost handler. A
 client that goes away before its answer is not a server error: it is counted
 with status 499 (nginx's "client closed request") and logged without a traceback.
+
+An answer is the request's until the client has taken it (with ``service.protocol``, which gives each
+request a :class:`~service.protocol.BodySink` on its connection): a write that finds the connection's
+send buffer full waits for it to drain, and the request ends (its reservation, which counts the
+answer, released) only once what it left there is below the transport's low-water mark, all within
+the write deadline, the read rule's: ``LU_READ_TIMEOUT_S`` plus the answer's bytes at
+``LU_MIN_UPLOAD_RATE``. A client that stops reading is cut off then (the buffer dropped, a 499).
+Before, a request ended with its last write and uvicorn waited for a full buffer without a limit:
+40 clients that never read held 16 MiB each outside the budget, for as long as they kept their
+connections open. Small answers into a buffer that is not full leave with no wait.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import logging
 import time
 from typing import Any
 
+import anyio
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -36,7 +47,7 @@ from service.errors import ServiceError, bad_request, error_response, too_large
 from service.footprint import body_bytes
 from service.logs import ACCESS, log_access
 from service.metrics import Metrics
-from service.protocol import BODY_SINK
+from service.protocol import BODY_SINK, BodySink
 
 __all__ = ["CLIENT_CLOSED", "RequestMiddleware", "reservation_of"]
 
@@ -57,6 +68,8 @@ class RequestMiddleware:
         self.json_limit = min(settings.max_json_bytes, settings.max_request_bytes)
         self.budget = budget
         self.metrics = metrics
+        self.write_timeout_s = settings.read_timeout_s
+        self.write_rate = settings.min_upload_rate
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -82,15 +95,24 @@ class RequestMiddleware:
                     reservation.grow(body_bytes(fmt, state["in"]) - body_bytes(fmt, state["in"] - size))
             return message
 
+        sink = scope.get(BODY_SINK)
+        flow = sink.cycle.flow if isinstance(sink, BodySink) else None  # the connection's, where it is known
+
         async def tagged_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 state["status"] = message["status"]
                 state["started"] = True
                 message.setdefault("headers", [])
                 message["headers"] = [*message["headers"], (b"x-request-id", rid.encode())]
+                state["by"] = self._write_deadline(message["headers"])
             elif message["type"] == "http.response.body":
                 state["out"] += len(message.get("body", b""))
+            if flow is not None and flow.write_paused:
+                await self._drained(sink, state)
             await send(message)
+            last = message["type"] == "http.response.body" and not message.get("more_body", False)
+            if last and flow is not None and flow.write_paused:
+                await self._drained(sink, state)  # the answer's tail: the request ends once it has left
 
         self.metrics.in_flight.inc()
         try:
@@ -126,6 +148,29 @@ class RequestMiddleware:
             self.metrics.in_flight.dec()
             self._record(scope, state, time.perf_counter() - start)
             request_id_var.reset(token)
+
+    def _write_deadline(self, headers: list[tuple[bytes, bytes]]) -> float:
+        """When the answer must have left (``time.monotonic()``): the read rule applied to its length."""
+        length = next((v for k, v in headers if k == b"content-length"), b"0")
+        nbytes = int(length) if length.isdigit() and len(length) <= 18 else 0
+        return time.monotonic() + self.write_timeout_s + (nbytes / self.write_rate if self.write_rate else 0)
+
+    async def _drained(self, sink: BodySink, state: dict[str, Any]) -> None:
+        """Wait until the connection's send buffer is below its low-water mark, by the write deadline;
+        past it, drop the buffer and the connection (ClientDisconnect: a 499)."""
+        cycle = sink.cycle
+        if cycle.disconnected:
+            return
+        by = state.get("by") or time.monotonic() + self.write_timeout_s
+        with anyio.move_on_after(by - time.monotonic()):
+            await cycle.flow.drain()
+            return
+        cycle.disconnected = True  # uvicorn writes nothing more for this request, nor logs it unfinished
+        if sink.protocol is not None:
+            sink.protocol.transport.abort()  # drops what is still buffered
+        else:
+            cycle.transport.close()
+        raise ClientDisconnect()
 
     def _admit(self, declared: str | None, fmt: str, limit: int) -> Reservation:
         if declared is None:

@@ -95,21 +95,23 @@ async def _decode(request: Request, decode_json: Callable[[memoryview | bytes, i
     fmt, header_length = request_format(request)
     body = await read_body(request)
     settings = request.app.state.settings
-    _reserve_json(request, fmt, body, header_length, settings.max_json_bytes)
+    await _reserve_json(request, fmt, body, header_length, settings.max_json_bytes)
     limit = settings.max_elements
     if fmt == "binary":
         return await offload(len(body), decode_binary, body, header_length, limit)
     return await offload(len(body), decode_json, body, limit)
 
 
-def _reserve_json(request: Request, fmt: str, body: memoryview | bytes, header_length: str | None, limit: int) -> None:
+async def _reserve_json(
+    request: Request, fmt: str, body: memoryview | bytes, header_length: str | None, limit: int
+) -> None:
     """Before any JSON is parsed, reserve what its lists, objects and strings will take (beyond the per-byte
     factor the admission reserved): 24x its text held for flat numbers, up to 44x for nested lists. A binary
     request's JSON header is JSON too: bounded by ``LU_MAX_JSON_BYTES`` and reserved as JSON, not at the
     binary factor (a body that was all header parsed into 3.2 GiB against 192 MiB reserved)."""
     reservation = reservation_of(request.scope)
     if fmt == "binary":
-        hlen = int(header_length) if header_length is not None and header_length.strip().isdigit() else 0
+        hlen = int(header_length or 0)  # digits: request_format checked them
         if not 0 < hlen <= len(body):
             return  # decode_binary answers the malformed header
         if hlen > limit:
@@ -119,9 +121,9 @@ def _reserve_json(request: Request, fmt: str, body: memoryview | bytes, header_l
                 f"LU_MAX_JSON_BYTES = {limit} bytes: send tensors as binary data",
             )
         text = memoryview(body)[:hlen]
-        extra = BODY_FACTOR["json"] * hlen + json_structure_bytes(text)
+        extra = BODY_FACTOR["json"] * hlen + await offload(hlen, json_structure_bytes, text)
     else:
-        extra = json_structure_bytes(body)
+        extra = await offload(len(body), json_structure_bytes, body)  # (64 MiB: ~0.1 s, off the event loop)
     if reservation is not None and extra > JSON_SLACK:
         reservation.grow(extra, "the parsed JSON")
 

@@ -14,7 +14,10 @@ subclass adds:
   model (while no answer has started) and the connection is closed. The app's own body reader (``transport.read_body``)
   enforces the same deadline and answers the 408 itself with its request id;
   this timer is the backstop for whatever the app is not reading;
-* ``LU_MAX_HEADER_BYTES`` for the request line and headers: 431, then close;
+* ``LU_MAX_HEADER_BYTES`` for the request line and headers, and :data:`MAX_HEADER_FIELDS` fields:
+  431, then close;
+* at most :data:`MAX_PIPELINED` requests parsed ahead of their answers on one connection: the
+  answers owed are sent, then a 429, then close;
 * the parser's own errors (bad request line, bad ``Content-Length``) answered in
   the error model instead of plain text.
 
@@ -388,6 +391,7 @@ class _BoundedProtocol(HttpToolsProtocol):
         super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        self._header_fields = 0  # a chunked body's trailers are counted afresh
         self._in_headers = False
         self._header_bytes = 0
         self._header_tail = b""

@@ -256,7 +256,8 @@ class FactorizationStore:
             while self._entries and (
                 self.stats.bytes + entry.held > self.limit_bytes or len(self._entries) >= self.max_entries
             ):
-                _, victim = self._entries.popitem(last=False)
+                over_bytes = self.stats.bytes + entry.held > self.limit_bytes
+                victim = self._entries.pop(self._victim_locked(None if over_bytes else entry.namespace))
                 self._drop_locked(victim, to_free)
                 evicted.append(victim)
                 self.stats.evictions += 1
@@ -354,6 +355,16 @@ class FactorizationStore:
         if entry is None:
             raise unknown_factorization(name)
         return entry
+
+    def _victim_locked(self, namespace: str | None) -> tuple[str, str]:
+        """The key to evict: the least recently used entry, of ``namespace`` where it holds one. The entry
+        cap evicts in the caller's own namespace first, so that one API key's many small factorizations
+        cannot push out every other key's (bytes over LU_STORE_BYTES evict by recency alone)."""
+        if namespace is not None:
+            for key in self._entries:  # (a PUT past the cap: at most one walk of the map)
+                if key[0] == namespace:
+                    return key
+        return next(iter(self._entries))
 
     def _expire_locked(self, now: float, to_free: list[Entry]) -> int:
         if self.ttl_s <= 0:

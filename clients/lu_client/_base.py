@@ -60,9 +60,15 @@ def check_name(name: Any) -> str:
 
 
 def check_timeout(timeout: Any) -> Any:
-    """``timeout`` if httpx can take it (an ``httpx.Timeout``, None, or a positive finite number of seconds)."""
+    """``timeout`` if httpx can take it (an ``httpx.Timeout`` or a tuple it is made of, None, or a positive
+    finite number of seconds)."""
     if timeout is None or isinstance(timeout, httpx.Timeout):
         return timeout
+    if isinstance(timeout, tuple):
+        try:
+            return httpx.Timeout(timeout)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"timeout {timeout!r} is not one httpx takes: {exc}") from None
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
         raise ValueError(f"timeout must be a positive number of seconds, an httpx.Timeout or None, not {timeout!r}")
     return timeout

@@ -183,7 +183,12 @@ def _stored(client: LUClient, args: argparse.Namespace) -> int:
         B = np.load(args.file, allow_pickle=False)
         _writable(args.output)
         options = {k: getattr(args, k) for k in DEFAULTS["lu_solve"]}
-        _save(args.output, {"X": client.solve_factorization(args.name, B, **options)})
+        X = client.solve_factorization(args.name, B, **options)
+        try:
+            _save(args.output, {"X": X})
+        except OSError as exc:  # after the request: not a usage error (exit 1, as for the operations)
+            print(f"lu-client: cannot write the output: {exc}", file=sys.stderr)
+            return 1
     elif args.action == "delete":
         client.delete_factorization(args.name)
     elif args.action == "show":

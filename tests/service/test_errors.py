@@ -120,6 +120,15 @@ async def test_singular_systems_are_422_with_indices(client):
     [
         (lambda h, b: ({**h, "inference-header-content-length": "abc"}, b), "malformed_header"),
         (lambda h, b: ({**h, "inference-header-content-length": "0"}, b), "malformed_header"),
+        # What int() takes but a byte count is not: these slipped past the JSON header's bound and reservation
+        # ("+N"), or made them fail (a 500 for "²" or 5000 digits).
+        (
+            lambda h, b: ({**h, "inference-header-content-length": "+" + h["inference-header-content-length"]}, b),
+            "malformed_header",
+        ),
+        (lambda h, b: ({**h, "inference-header-content-length": "1_0"}, b), "malformed_header"),
+        (lambda h, b: ({**h, "inference-header-content-length": "²".encode("latin-1")}, b), "malformed_header"),
+        (lambda h, b: ({**h, "inference-header-content-length": "9" * 5000}, b), "malformed_header"),
         (lambda h, b: ({**h, "inference-header-content-length": str(len(b) + 1)}, b), "malformed_header"),
         (lambda h, b: (h, b[:-8]), "truncated_body"),
         (lambda h, b: (h, b + b"\0" * 8), "malformed_body"),

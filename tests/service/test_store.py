@@ -246,3 +246,20 @@ def test_concurrent_pins_and_replaces_keep_the_books_balanced():
     assert not errors
     store.clear()
     assert budget.in_use == 0 and store.held_bytes == 0
+
+
+def test_the_entry_cap_evicts_in_the_callers_namespace_first():
+    """Many small entries under one key do not push out another key's: past LU_STORE_MAX_ENTRIES, the least
+    recently used entry of the caller's own namespace goes first (bytes over the limit evict by recency)."""
+    clock = Clock()
+    store = FactorizationStore(1 << 30, 0, max_entries=4, clock=clock)
+    for name in "ab":
+        store.put(entry(store, name, namespace="alice"))
+        clock.now += 1
+    for i in range(50):  # bob fills the cap over and over
+        store.put(entry(store, f"b{i}", namespace="bob"))
+        clock.now += 1
+    assert present(store, "alice") == ["a", "b"] and present(store, "bob") == ["b48", "b49"]
+    store.put(entry(store, "c", namespace="carol"))  # a key with nothing stored evicts the oldest of all
+    assert present(store, "alice") == ["b"] and present(store, "carol") == ["c"]
+    assert store.stats.entries == 4
