@@ -27,7 +27,7 @@ from service.auth import check_authorization
 from service.codec import check_outputs_known
 from service.context import choose_request_id, request_id_var
 from service.errors import ServiceError, from_core, unavailable
-from service.footprint import BODY_FACTOR, body_bytes
+from service.footprint import REQUEST_OVERHEAD, body_bytes
 from service.grpc_codec import decode_infer_request, encode_infer_response
 from service.logs import ACCESS, log_access
 from service.metadata import VERSION, find_model, model_metadata, server_metadata
@@ -246,22 +246,28 @@ _SERVED = ", ".join(
 
 #: The fewest RPCs served at once, whatever the budget.
 MIN_CONCURRENT_RPCS = 16
+#: Bytes a message takes while grpcio receives it, per byte of message (the compressed frames, the
+#: inflated buffer, its copy into Python bytes, the parsed protobuf, the decoded tensors): measured
+#: 32 gzip-compressed 10 MiB calls at once, refused after decoding, peaking 938 MiB over the process's
+#: start under a 512 MiB budget with 3 here; the bounds below use this factor.
+GRPC_MESSAGE_FACTOR = 6
 
 
 def max_message_bytes(settings: Any) -> int:
     """The largest message grpcio takes: ``LU_MAX_REQUEST_BYTES``, and at most what lets
-    :data:`MIN_CONCURRENT_RPCS` messages, each held at the binary factor, fit in ``LU_MAX_INFLIGHT_BYTES``."""
-    fair = settings.max_inflight_bytes // (MIN_CONCURRENT_RPCS * BODY_FACTOR["binary"])
+    :data:`MIN_CONCURRENT_RPCS` messages, each held at :data:`GRPC_MESSAGE_FACTOR`, fit in ``LU_MAX_INFLIGHT_BYTES``."""
+    fair = settings.max_inflight_bytes // (MIN_CONCURRENT_RPCS * GRPC_MESSAGE_FACTOR)
     return max(1, min(settings.max_request_bytes, _MAX_MESSAGE, fair))
 
 
 def max_concurrent_rpcs(settings: Any) -> int:
     """How many RPCs grpcio serves at once (RESOURCE_EXHAUSTED beyond), health checks included: as many whole
-    messages of the largest size, each held at the binary factor, as LU_MAX_INFLIGHT_BYTES holds (and
+    messages of the largest size, each held at :data:`GRPC_MESSAGE_FACTOR`, as LU_MAX_INFLIGHT_BYTES holds (and
     :data:`MIN_CONCURRENT_RPCS` at least, which :func:`max_message_bytes` makes fit). grpcio receives (and
     inflates) a message whole before the servicer can reserve for it: 32 gzip-compressed 60 MiB calls at once
     took the process 5.7 GB past a 512 MiB budget (found by a helper's audit)."""
-    return max(MIN_CONCURRENT_RPCS, settings.max_inflight_bytes // body_bytes("binary", max_message_bytes(settings)))
+    held = GRPC_MESSAGE_FACTOR * max_message_bytes(settings) + REQUEST_OVERHEAD
+    return max(MIN_CONCURRENT_RPCS, settings.max_inflight_bytes // held)
 
 
 class GrpcServer:

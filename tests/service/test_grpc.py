@@ -258,16 +258,16 @@ async def test_rpcs_at_once_are_bounded_by_what_the_memory_budget_holds_of_the_l
 
     http, client, _ = await make_grpc(max_request_bytes=1 << 20, max_inflight_bytes=16 << 20)
     settings = http.app.state.settings
-    # 16 messages of 1 MiB at 3x would pass a 16 MiB budget: the message bound drops to 16 MiB / 48, so that
+    # 16 messages of 1 MiB at 6x would pass a 16 MiB budget: the message bound drops to 16 MiB / 96, so that
     # the floor of 16 RPCs at once fits.
-    assert max_message_bytes(settings) == (16 << 20) // (MIN_CONCURRENT_RPCS * 3)
+    assert max_message_bytes(settings) == (16 << 20) // (MIN_CONCURRENT_RPCS * 6)
     assert max_concurrent_rpcs(settings) == MIN_CONCURRENT_RPCS
     with pytest.raises(InferenceServerException) as big:
         await client.infer("lu_factor", infer_inputs({"A": np.eye(250)}))  # 500 KB: over the message bound
     assert big.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
     wide = await make_grpc(max_request_bytes=1 << 20, max_inflight_bytes=1 << 30)
     assert max_message_bytes(wide[0].app.state.settings) == 1 << 20  # LU_MAX_REQUEST_BYTES, fitting the budget
-    assert max_concurrent_rpcs(wide[0].app.state.settings) == (1 << 30) // (3 * (1 << 20) + 64 * 1024)
+    assert max_concurrent_rpcs(wide[0].app.state.settings) == (1 << 30) // (6 * (1 << 20) + 64 * 1024)
     device = GatedDevice()
     http.app.state.worker.device = device
     calls = [asyncio.ensure_future(client.infer("lu", infer_inputs({"A": np.eye(2)}))) for _ in range(20)]
@@ -300,15 +300,15 @@ async def test_the_grpc_deadline_bounds_the_queue_wait(make_grpc):
 
 
 async def test_grpc_messages_are_reserved_against_the_in_flight_budget(make_grpc):
-    http, client, stub = await make_grpc(max_inflight_bytes=48 * 1024 * 1024)
+    http, client, stub = await make_grpc(max_inflight_bytes=96 * 1024 * 1024)
     result = await client.infer("lu_factor", infer_inputs({"A": np.eye(64)}))
     np.testing.assert_array_equal(result.as_numpy("LU"), np.eye(64))
-    # 2 MB in: past the message bound that lets 16 messages at 3x fit 48 MiB (1 MiB), refused by grpcio
+    # 2 MB in: past the message bound that lets 16 messages at 6x fit 96 MiB (1 MiB), refused by grpcio
     # before it is parsed (and before anything could be reserved for it).
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await stub.ModelInfer(_request(A=("FP64", [500, 500], bytes(2_000_000))))
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in info.value.details()
-    held = http.app.state.budget.reserve(47 * 1024 * 1024)  # others hold most of it: this one must wait its turn
+    held = http.app.state.budget.reserve(95 * 1024 * 1024)  # others hold most of it: this one must wait its turn
     try:
         with pytest.raises(grpc.aio.AioRpcError) as info:  # 0.5 MB in, reserved 3x: fits the budget, not what is left
             await stub.ModelInfer(_request(A=("FP64", [250, 250], bytes(500_000))))
