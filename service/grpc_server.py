@@ -281,12 +281,13 @@ class GrpcServer:
     async def start(self) -> int:
         """Bind and serve (on the running event loop); returns the bound port."""
         settings = self.app.state.settings
+        limit, message = max_concurrent_rpcs(settings), max_message_bytes(settings)
         server = grpc.aio.server(
-            maximum_concurrent_rpcs=max_concurrent_rpcs(settings),
+            maximum_concurrent_rpcs=limit,
             options=[
                 # The body bound of HTTP (lower where the budget is small): a larger message is refused
                 # (RESOURCE_EXHAUSTED) before it is parsed.
-                ("grpc.max_receive_message_length", max_message_bytes(settings)),
+                ("grpc.max_receive_message_length", message),
                 ("grpc.max_send_message_length", _MAX_MESSAGE),
             ],
         )
@@ -298,7 +299,6 @@ class GrpcServer:
             raise OSError(f"LU_GRPC_PORT: cannot listen on {address}: {exc}") from None
         await server.start()
         self._server = server
-        limit, message = max_concurrent_rpcs(settings), max_message_bytes(settings)
         log.info(
             "gRPC on %s (at most %d RPCs at once, messages up to %d bytes)",
             address,
