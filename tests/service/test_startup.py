@@ -90,6 +90,16 @@ def test_a_bad_lapack_choice_exits_2_with_a_message(monkeypatch, capsys):
     assert "LU_CORE_LAPACK must be one of auto, mkl, scipy, not 'openblas'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("value", ["-1", "many", "1e400", "2.5", ""])
+def test_a_bad_store_entry_cap_exits_2_with_a_message(monkeypatch, capsys, value):
+    """LU_STORE_MAX_ENTRIES (new this session) is checked as every setting is: negative, non-integer or
+    empty values stop the start with status 2 and name the variable."""
+    monkeypatch.setenv("LU_STORE_MAX_ENTRIES", value)
+    assert service_main(["--device", "cpu", "--port", "0", "--no-warmup"]) == 2
+    err = capsys.readouterr().err
+    assert "invalid settings" in err and "store_max_entries" in err.lower()
+
+
 def test_flags_override_the_environment(monkeypatch):
     monkeypatch.setenv("LU_PORT", "1234")
     monkeypatch.setenv("LU_LOG_JSON", "true")
