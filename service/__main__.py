@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         sock.close()
         return EXIT_CONFIG
     freeze_heap_when_ready(app.state.ready)
-    server = uvicorn.Server(server_config(app, settings, on_refusal=app.state.metrics.protocol_refusal))
+    server = uvicorn.Server(server_config(app, settings, metrics=app.state.metrics))
     server.run(sockets=[sock])
     return 0
 
@@ -120,18 +120,27 @@ def freeze_heap_when_ready(ready: threading.Event) -> threading.Thread:
     return thread
 
 
-def server_config(app: Any, settings: Settings, on_refusal: Any = None) -> uvicorn.Config:
-    """The uvicorn configuration the service runs under (also used by ``bench.service``'s bare-ASGI baseline)."""
+def server_config(app: Any, settings: Settings, metrics: Any = None) -> uvicorn.Config:
+    """The uvicorn configuration the service runs under (also used by ``bench.service``'s bare-ASGI baseline).
+
+    ``metrics`` (the app's :class:`service.metrics.Metrics`) counts the protocol's refusals and the open
+    connections.
+    """
     import uvicorn
 
-    from service.protocol import bounded_protocol
+    from service.protocol import ConnectionGate, bounded_protocol
 
+    on_refusal = metrics.protocol_refusal if metrics is not None else None
+    gate = ConnectionGate(settings.max_connections, settings.retry_after_s, on_refusal)
+    if metrics is not None:
+        metrics.watch_connections(gate)
     protocol = bounded_protocol(
         read_timeout_s=settings.read_timeout_s,
         min_upload_rate=settings.min_upload_rate,
         keep_alive_s=settings.keep_alive_s,
         max_header_bytes=settings.max_header_bytes,
         on_refusal=on_refusal,
+        gate=gate,
     )
     return uvicorn.Config(
         app,

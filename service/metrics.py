@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 if TYPE_CHECKING:
     from service.budget import MemoryBudget
     from service.device import Device
+    from service.protocol import ConnectionGate
 
 __all__ = ["Histogram", "Metrics"]
 
@@ -125,6 +126,12 @@ class Metrics:
         """A request refused by the HTTP protocol layer (timeout, header size, unparsable) before the app saw it."""
         self.requests.labels("unmatched", "-", str(status), self.device).inc()
         self.errors.labels(code).inc()
+
+    def watch_connections(self, gate: ConnectionGate) -> None:
+        """Gauges read from the HTTP server's connection count at scrape time."""
+        r = self.registry
+        Gauge("lu_http_connections", "HTTP connections open now.", registry=r).set_function(lambda: gate.open)
+        Gauge("lu_http_connections_limit", "LU_MAX_CONNECTIONS.", registry=r).set(gate.limit)
 
     def watch_budget(self, budget: MemoryBudget) -> None:
         """Gauges read from the in-flight budget at scrape time."""

@@ -16,6 +16,8 @@ subclass adds:
   this timer is the backstop for whatever the app is not reading;
 * ``LU_MAX_HEADER_BYTES`` for the request line and headers, and :data:`MAX_HEADER_FIELDS` fields:
   431, then close;
+* ``LU_MAX_CONNECTIONS`` open connections (:class:`ConnectionGate`): one beyond it is answered 503
+  ``too_many_connections`` at once, unread, and closed;
 * at most :data:`MAX_PIPELINED` requests parsed ahead of their answers on one connection: the
   answers owed are sent, then a 429, then close;
 * the parser's own errors (bad request line, bad ``Content-Length``) answered in
@@ -45,7 +47,7 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from service.context import choose_request_id, new_request_id
 
-__all__ = ["BODY_SINK", "READ_STARTED", "BodySink", "bounded_protocol"]
+__all__ = ["BODY_SINK", "READ_STARTED", "BodySink", "ConnectionGate", "bounded_protocol"]
 
 log = logging.getLogger("service.access")
 READ_STARTED = "lu.read_started"
@@ -68,7 +70,7 @@ class _Overrun(Exception):
     answers the refusal the callback recorded (after the answers owed before it, for a pipelined one)."""
 
 
-def _error_bytes(status: int, code: str, message: str, request_id: str) -> bytes:
+def _error_bytes(status: int, code: str, message: str, request_id: str, extra_headers: bytes = b"") -> bytes:
     body = orjson.dumps({"error": message, "code": code, "request_id": request_id})
     return b"".join(
         [
@@ -76,6 +78,7 @@ def _error_bytes(status: int, code: str, message: str, request_id: str) -> bytes
             b"content-type: application/json\r\n",
             b"content-length: " + str(len(body)).encode() + b"\r\n",
             b"x-request-id: " + request_id.encode() + b"\r\n",  # well-formed: choose_request_id's
+            extra_headers,
             b"connection: close\r\n\r\n",
             body,
         ]
@@ -280,12 +283,98 @@ class _ResponseWriter:
         return self._transport.is_closing()
 
 
+class ConnectionGate:
+    """The server's count of open HTTP connections, and the refusal of those beyond ``limit``.
+
+    Every connection costs memory outside ``LU_MAX_INFLIGHT_BYTES`` until its deadlines close it: a few
+    KiB idle, and up to about ``LU_MAX_HEADER_BYTES`` more while its headers arrive (74 KiB per
+    connection measured with 57 KiB of unfinished headers). The count bounds what all of them take.
+    uvicorn has no such bound (``limit_concurrency`` answers 503 only after reading a request's headers,
+    and keeps the connection). A connection beyond the limit is turned away as it is accepted
+    (:class:`_TurnedAway`): a 503 ``too_many_connections`` with ``Retry-After`` is written before
+    anything is read, then the connection closes.
+    """
+
+    #: How long a turned-away connection may stay open while its answer leaves (what the client sends
+    #: meanwhile is read and dropped: closing a socket with unread bytes resets the connection, and the
+    #: client may lose the answer).
+    LINGER_S = 1.0
+
+    def __init__(self, limit: int, retry_after_s: int = 1, on_refusal: Any = None) -> None:
+        if limit < 1:
+            raise ValueError("a connection limit is at least 1")
+        self.limit = limit
+        self.retry_after_s = retry_after_s
+        self.on_refusal = on_refusal
+        self.open = 0  # connections served now
+        self.lingering = 0  # turned-away connections not yet closed
+        self.turned_away = 0  # since start
+        self._logged_at = float("-inf")
+
+    def admit(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> bool:
+        """Count a new connection and say whether it may be served; if not, it is turned away now."""
+        if self.open < self.limit:
+            self.open += 1
+            return True
+        self.turned_away += 1
+        if self.lingering >= self.limit:  # a flood: no answer, no linger, nothing kept
+            transport.abort()
+        else:
+            transport.set_protocol(_TurnedAway(self, transport, loop))
+        if self.on_refusal is not None:
+            self.on_refusal(503, "too_many_connections")
+        now = loop.time()
+        if now - self._logged_at >= 10.0:  # one line per 10 s, not one per connection of a flood
+            self._logged_at = now
+            log.warning(
+                "connections beyond LU_MAX_CONNECTIONS = %d are turned away (%d since start)",
+                self.limit,
+                self.turned_away,
+                extra={"status": 503, "code": "too_many_connections", "turned_away": self.turned_away},
+            )
+        return False
+
+    def release(self) -> None:
+        """A served connection has closed."""
+        self.open -= 1
+
+
+class _TurnedAway(asyncio.Protocol):
+    """A connection beyond ``LU_MAX_CONNECTIONS``: answered 503 at once, its write side shut, what it
+    sends read and dropped, and closed when the client closes or after :attr:`ConnectionGate.LINGER_S`."""
+
+    def __init__(self, gate: ConnectionGate, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self.gate = gate
+        self.transport = transport
+        gate.lingering += 1
+        self._timer = loop.call_later(gate.LINGER_S, transport.abort)
+        message = (
+            f"the server has LU_MAX_CONNECTIONS = {gate.limit} connections open; retry after "
+            f"{gate.retry_after_s} s, or reuse a connection (keep-alive)"
+        )
+        retry = b"retry-after: " + str(gate.retry_after_s).encode() + b"\r\n"
+        transport.write(_error_bytes(503, "too_many_connections", message, new_request_id(), retry))
+        if transport.can_write_eof():
+            transport.write_eof()  # the answer is complete: the client reads it and sees the end
+
+    def data_received(self, data: bytes) -> None:
+        pass  # dropped
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._timer.cancel()
+        self.gate.lingering -= 1
+
+
 class _BoundedProtocol(HttpToolsProtocol):
     read_timeout_s: float = 30.0
     min_upload_rate: int = 0
     keep_alive_s: float = 5.0
     max_header_bytes: int = 64 * 1024
     on_refusal: Any = None  # callable(status, code): counts protocol-level refusals in the app's metrics
+    gate: ConnectionGate | None = None  # LU_MAX_CONNECTIONS
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -303,15 +392,23 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._direct: _DirectBody | None = None
         self._header_fields = 0
         self._overrun: tuple[int, str, str] | None = None  # the refusal a parser callback stopped parsing for
+        self._served = False  # admitted by the gate (connection_made ran)
 
     # ------------------------------------------------------------------ connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if self.gate is not None and not self.gate.admit(transport, self.loop):
+            return  # turned away: another protocol answers it (or it is aborted); this one never starts
+        self._served = True
         super().connection_made(transport)
         # An idle connection that never sends a request is closed like one idle between requests.
         self.timeout_keep_alive_task = self.loop.call_later(self.keep_alive_s, self.timeout_keep_alive_handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if not self._served:
+            return  # turned away by the gate: never started, never counted
+        if self.gate is not None:
+            self.gate.release()
         self._cancel_deadline()
         super().connection_lost(exc)
         if self._sink is not None:
@@ -511,6 +608,7 @@ def bounded_protocol(
     max_header_bytes: int,
     min_upload_rate: int = 0,
     on_refusal: Any = None,
+    gate: ConnectionGate | None = None,
 ) -> type[HttpToolsProtocol]:
     """The protocol class to pass as ``uvicorn.Config(http=...)``, with this service's limits."""
     return type(
@@ -522,5 +620,6 @@ def bounded_protocol(
             "keep_alive_s": keep_alive_s,
             "max_header_bytes": max_header_bytes,
             "on_refusal": staticmethod(on_refusal) if on_refusal is not None else None,
+            "gate": gate,
         },
     )

@@ -4,6 +4,7 @@ header bounds, parser errors in the error model, disconnects, and memory bounded
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -304,6 +305,107 @@ def test_small_requests_are_served_while_slow_clients_hold_connections(server):
         np.testing.assert_allclose(r.json()["X"]["data"], [2.0, 3.0])
     finally:
         for sock in slow:
+            sock.close()
+
+
+# ----------------------------------------------------------------------------- connections
+
+CONNECTIONS = 4
+
+
+@pytest.fixture(scope="module")
+def gated_server() -> Iterator[Server]:
+    yield from serving(
+        LU_WARMUP="false", LU_MAX_CONNECTIONS=str(CONNECTIONS), LU_KEEP_ALIVE_S="30", LU_READ_TIMEOUT_S="30"
+    )
+
+
+def raise_fd_limit(needed: int) -> None:
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            pytest.skip(f"needs {needed} file descriptors, the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+def test_a_connection_beyond_the_limit_gets_503_unread_and_closed(gated_server):
+    """LU_MAX_CONNECTIONS open: the next is answered 503 too_many_connections with Retry-After before it is
+    read, and closed; a client library reads that answer; once one closes, a new one is served."""
+    held = [connect(gated_server) for _ in range(CONNECTIONS)]
+    try:
+        time.sleep(0.2)
+        extra = connect(gated_server)
+        extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        status, headers, body = parse_response(read_until_closed(extra))
+        extra.close()
+        assert status == 503 and body["code"] == "too_many_connections", body
+        assert f"LU_MAX_CONNECTIONS = {CONNECTIONS}" in body["error"] and body["request_id"]
+        assert headers["retry-after"] == "1" and headers["connection"] == "close"
+        r = httpx.get(f"{gated_server.url}/healthz", timeout=10)
+        assert r.status_code == 503 and r.json()["code"] == "too_many_connections"
+        held.pop().close()
+        time.sleep(0.2)
+        with httpx.Client(timeout=10) as client:  # one connection for both requests (keep-alive)
+            assert client.get(f"{gated_server.url}/healthz").status_code == 200
+            text = client.get(f"{gated_server.url}/metrics").text
+        assert metric_value(text, "lu_http_connections") == CONNECTIONS  # 3 held + this client
+        assert metric_value(text, "lu_http_connections_limit") == CONNECTIONS
+        assert metric_value(text, 'lu_errors_total{code="too_many_connections"}') >= 2
+    finally:
+        for sock in held:
+            sock.close()
+
+
+def test_a_flood_of_connections_is_turned_away_and_the_server_goes_on(gated_server):
+    """Beyond the limit, at most LU_MAX_CONNECTIONS turned-away connections stay open while their 503
+    leaves; the others are reset at once, keeping nothing. Once the flood ends, the server serves."""
+    time.sleep(1.5)  # the previous test's turned-away connections have gone
+    held = [connect(gated_server) for _ in range(CONNECTIONS)]
+    flood = []
+    try:
+        time.sleep(0.2)
+        for _ in range(5 * CONNECTIONS):
+            flood.append(connect(gated_server))
+        answers = []
+        for sock in flood:
+            try:
+                raw = read_until_closed(sock)
+            except OSError:
+                raw = b""
+            answers.append(int(raw.split()[1]) if raw else None)
+        assert set(answers) <= {503, None}, answers
+        assert answers.count(503) >= CONNECTIONS, answers
+        assert answers.count(None) >= 1, answers  # reset: beyond the lingering bound
+    finally:
+        for sock in held + flood:
+            sock.close()
+    time.sleep(0.3)
+    assert httpx.get(f"{gated_server.url}/healthz", timeout=10).status_code == 200
+    assert "Traceback" not in "".join(gated_server.log)
+
+
+def test_connections_beyond_the_limit_hold_no_memory(gated_server):
+    """600 connections each sending 57 KiB of headers that never end: only LU_MAX_CONNECTIONS of them are read
+    (74 KiB each was measured); without the limit the server grew ~44 MiB."""
+    raise_fd_limit(2048)
+    time.sleep(1.5)
+    pid = gated_server.proc.pid
+    before = rss_now_kib(pid)
+    headers = b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-%d: %s\r\n" % (i, b"a" * 600) for i in range(95))
+    socks = []
+    try:
+        for _ in range(600):
+            sock = connect(gated_server)
+            with contextlib.suppress(OSError):
+                sock.sendall(headers)
+            socks.append(sock)
+        time.sleep(1.0)
+        grown = rss_now_kib(pid) - before
+        assert grown < 12 << 10, f"RSS grew by {grown} KiB"
+    finally:
+        for sock in socks:
             sock.close()
 
 

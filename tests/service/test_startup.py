@@ -91,13 +91,21 @@ def test_a_bad_lapack_choice_exits_2_with_a_message(monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("value", ["-1", "many", "1e400", "2.5", ""])
-def test_a_bad_store_entry_cap_exits_2_with_a_message(monkeypatch, capsys, value):
-    """LU_STORE_MAX_ENTRIES (new this session) is checked as every setting is: negative, non-integer or
-    empty values stop the start with status 2 and name the variable."""
-    monkeypatch.setenv("LU_STORE_MAX_ENTRIES", value)
+@pytest.mark.parametrize("name", ["LU_STORE_MAX_ENTRIES", "LU_MAX_CONNECTIONS"])
+def test_a_bad_count_setting_exits_2_with_a_message(monkeypatch, capsys, name, value):
+    """The newer count settings are checked as every setting is: negative, non-integer or empty values
+    stop the start with status 2 and name the variable."""
+    monkeypatch.setenv(name, value)
     assert service_main(["--device", "cpu", "--port", "0", "--no-warmup"]) == 2
     err = capsys.readouterr().err
-    assert "invalid settings" in err and "store_max_entries" in err.lower()
+    assert "invalid settings" in err and name.removeprefix("LU_").lower() in err.lower()
+
+
+def test_no_connections_at_all_is_refused(monkeypatch, capsys):
+    """LU_MAX_CONNECTIONS = 0 would serve nothing: refused at start (a limit is at least 1)."""
+    monkeypatch.setenv("LU_MAX_CONNECTIONS", "0")
+    assert service_main(["--device", "cpu", "--port", "0", "--no-warmup"]) == 2
+    assert "max_connections" in capsys.readouterr().err.lower()
 
 
 def test_flags_override_the_environment(monkeypatch):
