@@ -123,8 +123,8 @@ class Settings(BaseSettings):
         1024,
         ge=1,
         description="Most open HTTP connections; one beyond it is answered 503 too_many_connections at once "
-        "and closed. Each costs a few KiB idle and up to about LU_MAX_HEADER_BYTES more while its headers "
-        "arrive, outside LU_MAX_INFLIGHT_BYTES.",
+        "and closed (gRPC's port has the same bound of its own). Each costs a few KiB idle and up to about "
+        "LU_MAX_HEADER_BYTES more while its headers arrive, outside LU_MAX_INFLIGHT_BYTES.",
     )
     max_queue: int = Field(
         64, ge=1, description="Requests waiting for the device worker; beyond it, 503 with Retry-After."

@@ -289,6 +289,9 @@ class GrpcServer:
                 # (RESOURCE_EXHAUSTED) before it is parsed.
                 ("grpc.max_receive_message_length", message),
                 ("grpc.max_send_message_length", _MAX_MESSAGE),
+                # LU_MAX_CONNECTIONS bounds gRPC's connections as it does HTTP's (grpc core closes
+                # the ones beyond it as they are accepted).
+                ("grpc.max_allowed_incoming_connections", settings.max_connections),
             ],
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.app), server)

@@ -377,3 +377,25 @@ def test_the_status_table_never_says_unknown_for_input():
     assert grpc_status(ServiceError(503, "shutting_down", "m")) == grpc.StatusCode.UNAVAILABLE
     assert grpc_status(ServiceError(503, "overloaded", "m")) == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert set(GRPC_STATUS.values()) >= {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND}
+
+
+async def test_grpc_connections_are_bounded_by_lu_max_connections(make_grpc):
+    """LU_MAX_CONNECTIONS holds for gRPC too: with 2, a third channel (its own connection) is refused
+    (UNAVAILABLE) while two are open, and served once one closes."""
+    http, _, stub = await make_grpc(max_connections=2)
+    target = f"127.0.0.1:{http.app.state.grpc.port}"
+    request = pb.ServerLiveRequest()
+    assert (await stub.ServerLive(request)).live  # the first connection
+    second = grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+    third = grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+    try:
+        assert (await pb_grpc.GRPCInferenceServiceStub(second).ServerLive(request)).live
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await pb_grpc.GRPCInferenceServiceStub(third).ServerLive(request, timeout=3)
+        assert refused.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        await second.close()
+        await asyncio.sleep(0.3)
+        assert (await pb_grpc.GRPCInferenceServiceStub(third).ServerLive(request, timeout=15, wait_for_ready=True)).live
+    finally:
+        await second.close()
+        await third.close()
