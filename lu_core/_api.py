@@ -403,11 +403,15 @@ def solve(A: Any, B: Any, *, left: bool = True, check_errors: bool = True) -> An
         if check_errors:
             _raise_if_singular(be, info, "solve")
     else:
-        LU, piv, info = be.lu_factor_ex(a, True)
+        # As torch.linalg.solve does for a real A: factor A^T (on the CPU, a plain copy of a row-major A
+        # where A itself takes a transposing one) and solve (A^T)^T X = A X = B. A is singular exactly
+        # when A^T is; the bits do not depend on A's layout or batch (every real A goes this way).
+        by_transpose = be.solve_by_transpose and a.dtype.kind == "f"
+        LU, piv, info = be.lu_factor_ex(a.swapaxes(-1, -2) if by_transpose else a, True)
         if check_errors:
             _raise_if_singular(be, info, "solve")
         # Pivots we just produced: no range check, so no wait for the device before the solve.
-        X = _solve_factored(be, LU, be.own_pivots(piv), b, out_batch, left, False)
+        X = _solve_factored(be, LU, be.own_pivots(piv), b, out_batch, left, by_transpose)
     return X[..., 0] if vector else X
 
 

@@ -20,6 +20,8 @@ class Backend(Protocol):
     """Operations on validated arrays; shapes are ``(*batch, m, n)``."""
 
     name: str
+    #: Whether ``solve`` factors a real ``A`` as ``A^T`` and solves adjointly (see ``_api.solve``).
+    solve_by_transpose: bool
 
     def asarray(self, x: Any, argument: str) -> Any:
         """``x`` as this backend's array type, without moving devices."""

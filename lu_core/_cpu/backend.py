@@ -113,6 +113,10 @@ def _solve_by_kernel(n: int, nrhs: int, dtype: np.dtype) -> bool:
 
 class CpuBackend:
     name = "cpu"
+    # A row-major A is A^T in LAPACK's column-major storage: solve factors that after a plain copy, where
+    # factoring A needs a transposing one (n = 512 float64 with 64 right-hand sides: the two transposes
+    # were 0.43 of 2.7 ms).
+    solve_by_transpose = True
 
     def asarray(self, x: Any, argument: str) -> np.ndarray:
         if type(x) is np.ndarray:

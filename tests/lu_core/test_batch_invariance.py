@@ -22,6 +22,7 @@ import pytest
 
 import lu_core
 from lu_core._cpu import _tuning
+from lu_core._cpu.backend import _factor_by_kernel, _solve_by_kernel
 from tests.helpers import DTYPES, random_matrix, well_conditioned
 
 # Square sizes around the crossovers: the SIMD-lane factor (<= LANES_MAX_N), kernel factor (<= FACTOR_KERNEL_MAX_N, complex
@@ -178,23 +179,32 @@ def test_nonfinite_entries_keep_bits_alone_and_batched(rng):
 # n <= 128 (SOLVE_KERNEL_REAL_MAX_N, SOLVE_KERNEL_FLOAT32_MAX_N), else getrs.
 @pytest.mark.parametrize("nrhs", [5, 64])
 def test_solve_equals_factor_then_solve(rng, dtype, n, nrhs):
-    """``solve`` (one fused kernel for small systems) gives the bits of ``lu_factor`` then ``lu_solve``,
-    for matrices and vectors, ``left`` both ways, and a right-hand side batch broadcast over ``A``'s."""
+    """``solve`` gives the bits of ``lu_factor`` then ``lu_solve``, for matrices and vectors, ``left`` both
+    ways, and a right-hand side batch broadcast over ``A``'s: of ``A`` where one fused kernel factors and
+    solves (small systems) and for complex ``A``; of ``A^T``, solved adjointly, for a real ``A`` above that
+    (as ``torch.linalg.solve`` does: LAPACK factors a row-major ``A^T`` after a plain copy)."""
     A = well_conditioned(rng, (6, n, n), dtype)
     B = _rhs(rng, (3, 6, n, nrhs), dtype)
     LU, piv = lu_core.lu_factor(A)
+    LUt, pivt = lu_core.lu_factor(A.swapaxes(-1, -2))
+
+    def composed(b: np.ndarray, left: bool = True) -> np.ndarray:
+        k = (b if left else b.swapaxes(-1, -2)).shape[-1]
+        if np.dtype(dtype).kind == "c" or (
+            _factor_by_kernel(n, np.dtype(dtype)) and _solve_by_kernel(n, k, np.dtype(dtype))
+        ):
+            return lu_core.lu_solve(LU, piv, b, left=left)
+        return lu_core.lu_solve(LUt, pivt, b, left=left, adjoint=True)
+
     cases = {
-        "matrix": (lu_core.solve(A, B[0]), lu_core.lu_solve(LU, piv, B[0])),
-        "vector": (lu_core.solve(A, B[0, ..., 0]), lu_core.lu_solve(LU, piv, B[0, ..., :1])[..., 0]),
-        "right": (
-            lu_core.solve(A, B[0].swapaxes(-1, -2), left=False),
-            lu_core.lu_solve(LU, piv, B[0].swapaxes(-1, -2), left=False),
-        ),
-        "broadcast": (lu_core.solve(A, B), lu_core.lu_solve(LU, piv, B)),
+        "matrix": (lu_core.solve(A, B[0]), composed(B[0])),
+        "vector": (lu_core.solve(A, B[0, ..., 0]), composed(B[0, ..., :1])[..., 0]),
+        "right": (lu_core.solve(A, B[0].swapaxes(-1, -2), left=False), composed(B[0].swapaxes(-1, -2), left=False)),
+        "broadcast": (lu_core.solve(A, B), composed(B)),
     }
-    for name, (fused, composed) in cases.items():
-        same = _bits(fused) == _bits(composed)  # not in the assert: pytest would diff megabytes of bytes
-        assert same, f"{name}: solve differs from lu_factor + lu_solve (max |diff| {np.abs(fused - composed).max()})"
+    for name, (fused, expected) in cases.items():
+        same = _bits(fused) == _bits(expected)  # not in the assert: pytest would diff megabytes of bytes
+        assert same, f"{name}: solve differs from lu_factor + lu_solve (max |diff| {np.abs(fused - expected).max()})"
 
 
 @pytest.mark.parametrize("batch", [1, 5])
