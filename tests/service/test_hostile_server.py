@@ -220,6 +220,28 @@ def test_more_header_fields_than_the_bound_get_431(server):
             assert body["code"] == "headers_too_large" and f"more than {MAX_HEADER_FIELDS} header" in body["error"]
 
 
+def test_the_protocols_own_refusals_are_logged_once_in_its_words(server):
+    """A 429 (pipelining) or a 431 (header fields) is this protocol's decision, logged once with its code;
+    uvicorn's "Invalid HTTP request received." warning stays for what the parser itself cannot read."""
+    from service.protocol import MAX_HEADER_FIELDS
+
+    def log_after(request_bytes: bytes) -> str:
+        before = len(server.log)
+        sock = connect(server)
+        sock.sendall(request_bytes)
+        read_until_closed(sock)
+        sock.close()
+        time.sleep(0.3)  # the server's log lines reach the test
+        return "".join(server.log[before:])
+
+    pipelined = log_after(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 200)
+    fields = log_after(b"GET /healthz HTTP/1.1\r\nConnection: close\r\n" + b"a:\r\n" * MAX_HEADER_FIELDS + b"\r\n")
+    garbage = log_after(b"GARBAGE\r\n\r\n")
+    assert "too_many_pipelined_requests" in pipelined and "Invalid HTTP request" not in pipelined, pipelined
+    assert "headers_too_large" in fields and "Invalid HTTP request" not in fields, fields
+    assert "Invalid HTTP request received." in garbage and "malformed_request" in garbage, garbage
+
+
 def test_an_unparsable_chunked_body_is_refused_at_once(server):
     """A request whose own body cannot be parsed gets one answer, the 400, at once (not a wait for its
     body until the read deadline, then a second answer)."""
