@@ -403,11 +403,15 @@ def solve(A: Any, B: Any, *, left: bool = True, check_errors: bool = True) -> An
         if check_errors:
             _raise_if_singular(be, info, "solve")
     else:
-        # As torch.linalg.solve does for a real A: factor A^T (on the CPU, a plain copy of a row-major A
-        # where A itself takes a transposing one) and solve (A^T)^T X = A X = B. A is singular exactly
-        # when A^T is; the bits do not depend on A's layout or batch (every real A goes this way).
-        by_transpose = be.solve_by_transpose and a.dtype.kind == "f"
-        LU, piv, info = be.lu_factor_ex(a.swapaxes(-1, -2) if by_transpose else a, True)
+        # Where the backend says so (the CPU: a real A that LAPACK solves), as torch.linalg.solve does:
+        # factor A^T (a plain copy of a row-major A where A itself takes a transposing one) and solve
+        # (A^T)^T X = A X = B. A is singular exactly when A^T is; the choice depends on the shapes and
+        # dtype alone, not on A's layout or batch, so a system gets the same bits alone and in a batch.
+        nrhs = b.shape[-1] if left else b.shape[-2]
+        by_transpose = be.solve_by_transpose(a.shape[-1], nrhs, a.dtype)
+        factor_me = a.swapaxes(-1, -2) if by_transpose else a
+        factored = be.factor_direct(factor_me, True)
+        LU, piv, info = factored if factored is not None else be.lu_factor_ex(factor_me, True)
         if check_errors:
             _raise_if_singular(be, info, "solve")
         # Pivots we just produced: no range check, so no wait for the device before the solve.

@@ -20,8 +20,6 @@ class Backend(Protocol):
     """Operations on validated arrays; shapes are ``(*batch, m, n)``."""
 
     name: str
-    #: Whether ``solve`` factors a real ``A`` as ``A^T`` and solves adjointly (see ``_api.solve``).
-    solve_by_transpose: bool
 
     def asarray(self, x: Any, argument: str) -> Any:
         """``x`` as this backend's array type, without moving devices."""
@@ -70,6 +68,10 @@ class Backend(Protocol):
         ``lu_index[t]`` of the flattened LU batch; ``b`` broadcasts to ``out_batch``.
         ``lu_index=None``: LU's batch broadcast to ``out_batch`` (``broadcast_index``), which a
         backend may compute where it reads it (the GPU: on the device, for large batches)."""
+
+    def solve_by_transpose(self, n: int, nrhs: int, dtype: np.dtype) -> bool:
+        """Whether ``solve`` factors a real ``n x n`` ``A`` as ``A^T`` and solves adjointly with ``nrhs``
+        right-hand sides (see ``_api.solve``); from the shapes and dtype only, never the batch."""
 
     def solve_fused(self, a: Any, b: Any, out_batch: tuple[int, ...], left: bool) -> tuple[Any, Any] | None:
         """``(X, info)`` of ``solve`` (square ``a``, ``b`` already a matrix batch, same dtype) in one

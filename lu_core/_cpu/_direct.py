@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from lu_core._cpu import _kernels
+from lu_core._cpu import _kernels, _lapack, _tuning
 from lu_core._validate import direct_solve_shape
 
 _DTYPES = frozenset(np.dtype(t) for t in (np.float32, np.float64, np.complex64, np.complex128))
@@ -27,13 +27,17 @@ _FIRST = np.zeros(1, dtype=np.intp)  # problem 0 uses factorization 0 (broadcast
 
 
 def factor_direct(A: Any, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """``lu_factor_ex(A, pivot)``'s ``(LU, pivots, info)`` for matrices the batched kernel factors."""
+    """``lu_factor_ex(A, pivot)``'s ``(LU, pivots, info)`` for matrices the batched kernel factors, and for
+    one matrix that MKL factors on one thread (:func:`_one_by_mkl`)."""
     if type(A) is not np.ndarray or A.ndim < 2 or A.dtype not in _DTYPES:
         return None
     batch, (m, n) = A.shape[:-2], A.shape[-2:]
     nb = math.prod(batch)
-    if not nb or not m or not n or not _backend._factor_by_kernel(max(m, n), A.dtype):
-        return None  # (without pivoting the general path uses the kernel at any size; not needed here)
+    if not nb or not m or not n:
+        return None
+    if not _backend._factor_by_kernel(max(m, n), A.dtype):
+        # (without pivoting the general path uses the kernel at any size; not needed here)
+        return _one_by_mkl(A, batch, m, n) if nb == 1 and pivot else None
     k = min(m, n)
     src, transposed = _backend._factor_source(A.reshape(nb, m, n))
     s = np.empty((nb, n, m), dtype=A.dtype)
@@ -41,6 +45,26 @@ def factor_direct(A: Any, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarr
     info = np.zeros(nb, dtype=np.int32)
     _backend._kernel_factor(src, transposed, s, piv, info, pivot)
     return s.swapaxes(1, 2).reshape(*batch, m, n), piv.reshape(*batch, k), info.reshape(batch)
+
+
+def _one_by_mkl(A: np.ndarray, batch: tuple[int, ...], m: int, n: int) -> tuple[np.ndarray, ...] | None:
+    """One matrix of a size the general path factors on the LAPACK pool, where that LAPACK is MKL: the same
+    copy (transposing a C-ordered one, serially) and the same single-threaded ``getrf``, hence the same bits,
+    without the pool's dispatch. Larger matrices (threaded MKL) and SciPy's LAPACK take the general path."""
+    if max(m, n) > _tuning.LAPACK_POOL_MAX_N:
+        return None
+    lp = _lapack.lapack()
+    if not isinstance(lp, _lapack.MklLapack):
+        return None
+    src, transposed = _backend._factor_source(A.reshape(1, m, n))
+    s = np.empty((1, n, m), dtype=A.dtype)
+    if transposed:
+        _kernels.transpose_into.serial(src, s)
+    else:
+        np.copyto(s, src)
+    piv = np.empty((1, min(m, n)), dtype=np.int32)
+    info = np.array([lp.factor_alone(A.dtype)(s[0].T, piv[0])], dtype=np.int32)
+    return s.swapaxes(1, 2).reshape(*batch, m, n), piv.reshape(*batch, piv.shape[1]), info.reshape(batch)
 
 
 def solve_direct(LU: Any, pivots: Any, B: Any) -> np.ndarray | None:

@@ -113,10 +113,6 @@ def _solve_by_kernel(n: int, nrhs: int, dtype: np.dtype) -> bool:
 
 class CpuBackend:
     name = "cpu"
-    # A row-major A is A^T in LAPACK's column-major storage: solve factors that after a plain copy, where
-    # factoring A needs a transposing one (n = 512 float64 with 64 right-hand sides: the two transposes
-    # were 0.43 of 2.7 ms).
-    solve_by_transpose = True
 
     def asarray(self, x: Any, argument: str) -> np.ndarray:
         if type(x) is np.ndarray:
@@ -273,6 +269,15 @@ class CpuBackend:
         if conj_io:
             np.conjugate(w3, out=w3)
         return w if kernel == left else w.swapaxes(-1, -2)
+
+    def solve_by_transpose(self, n: int, nrhs: int, dtype: np.dtype) -> bool:
+        """Where LAPACK's ``getrs`` solves: a row-major A is A^T in LAPACK's column-major storage, which
+        is factored after a plain copy where A needs a transposing one (one 512 x 512 float64 system with
+        64 right-hand sides: the two transposes were 0.43 of 2.7 ms), and MKL's transposed solve costs what
+        the plain one does. Not where the kernels solve: their transposed solve runs dot products, a serial
+        chain (one right-hand side, n = 128: 24 us against 12 for the plain solve; the transposing copy it
+        would save is ~10)."""
+        return dtype.kind == "f" and not _solve_by_kernel(n, nrhs, dtype)
 
     def solve_fused(
         self, a: np.ndarray, b: np.ndarray, out_batch: tuple[int, ...], left: bool

@@ -54,7 +54,6 @@ INFO_ON_HOST_MAX = 1 << 16
 
 class GpuBackend:
     name = "gpu"
-    solve_by_transpose = False  # (the CPU's; not measured on a device yet)
 
     def asarray(self, x: Any, argument: str) -> cp.ndarray:
         if not isinstance(x, cp.ndarray):
@@ -72,6 +71,9 @@ class GpuBackend:
     def own_pivots(self, pivots: cp.ndarray) -> cp.ndarray:
         with pivots.device:
             return _pivots.own_pivots(pivots)
+
+    def solve_by_transpose(self, n: int, nrhs: int, dtype: np.dtype) -> bool:
+        return False  # (the CPU's choice; not measured on a device yet)
 
     def factor_direct(self, A: Any, pivot: bool) -> None:
         return None  # lu_factor_ex's path is already short: one launch, nothing sent up

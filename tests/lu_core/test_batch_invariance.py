@@ -22,7 +22,7 @@ import pytest
 
 import lu_core
 from lu_core._cpu import _tuning
-from lu_core._cpu.backend import _factor_by_kernel, _solve_by_kernel
+from lu_core._cpu.backend import CPU_BACKEND
 from tests.helpers import DTYPES, random_matrix, well_conditioned
 
 # Square sizes around the crossovers: the SIMD-lane factor (<= LANES_MAX_N), kernel factor (<= FACTOR_KERNEL_MAX_N, complex
@@ -180,9 +180,9 @@ def test_nonfinite_entries_keep_bits_alone_and_batched(rng):
 @pytest.mark.parametrize("nrhs", [5, 64])
 def test_solve_equals_factor_then_solve(rng, dtype, n, nrhs):
     """``solve`` gives the bits of ``lu_factor`` then ``lu_solve``, for matrices and vectors, ``left`` both
-    ways, and a right-hand side batch broadcast over ``A``'s: of ``A`` where one fused kernel factors and
-    solves (small systems) and for complex ``A``; of ``A^T``, solved adjointly, for a real ``A`` above that
-    (as ``torch.linalg.solve`` does: LAPACK factors a row-major ``A^T`` after a plain copy)."""
+    ways, and a right-hand side batch broadcast over ``A``'s: of ``A^T``, solved adjointly, where the CPU
+    backend says so (a real ``A`` that LAPACK's ``getrs`` solves, as ``torch.linalg.solve`` does: LAPACK
+    factors a row-major ``A^T`` after a plain copy), else of ``A``."""
     A = well_conditioned(rng, (6, n, n), dtype)
     B = _rhs(rng, (3, 6, n, nrhs), dtype)
     LU, piv = lu_core.lu_factor(A)
@@ -190,11 +190,9 @@ def test_solve_equals_factor_then_solve(rng, dtype, n, nrhs):
 
     def composed(b: np.ndarray, left: bool = True) -> np.ndarray:
         k = (b if left else b.swapaxes(-1, -2)).shape[-1]
-        if np.dtype(dtype).kind == "c" or (
-            _factor_by_kernel(n, np.dtype(dtype)) and _solve_by_kernel(n, k, np.dtype(dtype))
-        ):
-            return lu_core.lu_solve(LU, piv, b, left=left)
-        return lu_core.lu_solve(LUt, pivt, b, left=left, adjoint=True)
+        if CPU_BACKEND.solve_by_transpose(n, k, np.dtype(dtype)):
+            return lu_core.lu_solve(LUt, pivt, b, left=left, adjoint=True)
+        return lu_core.lu_solve(LU, piv, b, left=left)
 
     cases = {
         "matrix": (lu_core.solve(A, B[0]), composed(B[0])),

@@ -83,6 +83,51 @@ def test_solve_gives_the_general_paths_bits(general, dtype, batch, n, nrhs):
         _same((got,), (want,))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(97, 97), (128, 128), (256, 256), (200, 130), (40, 250)])
+@pytest.mark.parametrize("layout", ["C", "F"])
+@pytest.mark.parametrize("batch", [(), (1,), (1, 1)])
+def test_one_matrix_on_mkl_gives_the_general_paths_bits(general, dtype, shape, layout, batch):
+    """One matrix past the kernels' sizes and within the LAPACK pool's goes straight to MKL's getrf, held to
+    one thread as a pooled call is: the general path's bits, pivots and info, singular ones included."""
+    from lu_core._cpu import _lapack, _tuning
+
+    if not isinstance(_lapack.lapack(), _lapack.MklLapack):
+        pytest.skip("the process's LAPACK is not MKL")
+    rng = np.random.default_rng(hash((shape, layout)) % 2**32)
+    A = _rand(rng, (*batch, *shape), dtype)
+    if layout == "F":
+        A = np.ascontiguousarray(A.swapaxes(-1, -2)).swapaxes(-1, -2)
+    if max(shape) <= (
+        _tuning.FACTOR_KERNEL_COMPLEX_MAX_N if np.dtype(dtype).kind == "c" else _tuning.FACTOR_KERNEL_MAX_N
+    ):
+        pytest.skip("the kernels factor this size")
+    assert _direct.factor_direct(A, True) is not None  # the short path is taken
+    _same(lu_core.lu_factor_ex(A), general(lu_core.lu_factor_ex, A))
+    singular = A.copy()
+    singular[..., :, 3] = 0  # a zero column: info > 0, any shape
+    got = lu_core.lu_factor_ex(singular)
+    assert int(got[2].reshape(-1)[0]) > 0
+    _same(got, general(lu_core.lu_factor_ex, singular))
+    with pytest.raises(lu_core.SingularMatrixError):
+        lu_core.lu_factor(singular)
+
+
+def test_mkl_single_matrices_take_the_general_path_where_they_should(monkeypatch):
+    """A batch, a size the threaded LAPACK takes (past LAPACK_POOL_MAX_N), no pivoting, or SciPy's LAPACK:
+    the general path."""
+    from lu_core._cpu import _lapack, _tuning
+
+    rng = np.random.default_rng(5)
+    A = rng.standard_normal((128, 128))
+    assert _direct.factor_direct(np.stack([A, A]), True) is None
+    assert _direct.factor_direct(A, False) is None
+    big = _tuning.LAPACK_POOL_MAX_N + 1
+    assert _direct.factor_direct(rng.standard_normal((big, big)), True) is None
+    monkeypatch.setattr(_lapack, "_chosen", _lapack.choose("scipy"))
+    assert _direct.factor_direct(A, True) is None
+
+
 def test_out_of_range_pivots_raise_as_the_general_path(general):
     LU, piv = lu_core.lu_factor(np.eye(4) * 2)
     bad = piv.copy()
