@@ -403,20 +403,28 @@ def solve(A: Any, B: Any, *, left: bool = True, check_errors: bool = True) -> An
         if check_errors:
             _raise_if_singular(be, info, "solve")
     else:
-        # Where the backend says so (the CPU: a real A that LAPACK solves), as torch.linalg.solve does:
-        # factor A^T (a plain copy of a row-major A where A itself takes a transposing one) and solve
-        # (A^T)^T X = A X = B. A is singular exactly when A^T is; the choice depends on the shapes and
-        # dtype alone, not on A's layout or batch, so a system gets the same bits alone and in a batch.
         nrhs = b.shape[-1] if left else b.shape[-2]
-        by_transpose = be.solve_by_transpose(a.shape[-1], nrhs, a.dtype)
-        factor_me = a.swapaxes(-1, -2) if by_transpose else a
-        factored = be.factor_direct(factor_me, True)
-        LU, piv, info = factored if factored is not None else be.lu_factor_ex(factor_me, True)
+        LU, piv, info, by_transpose = factor_for_solve(be, a, nrhs)
         if check_errors:
             _raise_if_singular(be, info, "solve")
         # Pivots we just produced: no range check, so no wait for the device before the solve.
         X = _solve_factored(be, LU, be.own_pivots(piv), b, out_batch, left, by_transpose)
     return X[..., 0] if vector else X
+
+
+def factor_for_solve(be: Backend, a: Any, nrhs: int) -> tuple[Any, Any, Any, bool]:
+    """``(LU, pivots, info, transposed)``: the factorization ``solve`` (and its derivatives) solve ``a``'s
+    systems with, ``nrhs`` right-hand sides each. Where the backend says so (the CPU: a real ``a`` whose
+    systems LAPACK's ``getrs`` solves), as ``torch.linalg.solve`` does, that is the factorization of
+    ``a^T`` (a plain copy of a row-major ``a``, where ``a`` itself takes a transposing one), to be solved
+    adjointly: ``(a^T)^T X = a X``; then ``info`` (whether ``a`` is found exactly singular, and where) is
+    ``a^T``'s. The choice depends on the shapes and dtype alone, not on ``a``'s layout or batch, so a
+    system gets the same bits alone and in a batch."""
+    transposed = be.solve_by_transpose(a.shape[-1], nrhs, a.dtype)
+    factor_me = a.swapaxes(-1, -2) if transposed else a
+    factored = be.factor_direct(factor_me, True)
+    LU, piv, info = factored if factored is not None else be.lu_factor_ex(factor_me, True)
+    return LU, piv, info, transposed
 
 
 def _vector_rhs(a_shape: tuple[int, ...], b_shape: tuple[int, ...], left: bool, argument: str = "B") -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lu_core._api import _vector_rhs
+from lu_core._api import _vector_rhs, factor_for_solve
 from lu_core._autodiff import _args
 from lu_core._autodiff._linalg import (
     array_module,
@@ -293,7 +293,8 @@ def solve(A: Any, X: Any, dA: Any | None, dB: Any | None, *, left: bool = True) 
     if dA is not None:
         da = be.astype(_args.companion(be, dA, "dA", tuple(a.shape), a.dtype, "A"), dt)
         rhs = rhs - (da @ x if left else x @ da)
-    LU, piv, info = be.lu_factor_ex(be.astype(a, dt), True)
+    # The factorization the forward solve used (A^T's where it factors that), hence its singularity check.
+    LU, piv, info, transposed = factor_for_solve(be, be.astype(a, dt), x_mat_shape[-1] if left else x_mat_shape[-2])
     _args.raise_if_singular(be, info, "jvp.solve")
-    dX = _solve_packed(be, LU, be.own_pivots(piv), rhs, left=left, adjoint=False)
+    dX = _solve_packed(be, LU, be.own_pivots(piv), rhs, left=left, adjoint=transposed)
     return dX.reshape(x_raw.shape)

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from lu_core._api import _vector_rhs
+from lu_core._api import _vector_rhs, factor_for_solve
 from lu_core._autodiff import _args
 from lu_core._autodiff._linalg import (
     array_module,
@@ -417,9 +417,10 @@ def solve(A: Any, B: Any, X: Any, grad_X: Any, *, left: bool = True) -> tuple[An
     x_shape = (*out_batch, n) if vector else x_mat_shape
     x = _args.companion(be, X, "X", x_shape, dt, "the solution of A and B").reshape(x_mat_shape)
     gX = _args.companion(be, grad_X, "grad_X", x_shape, dt, "X").reshape(x_mat_shape)
-    LU, piv, info = be.lu_factor_ex(be.astype(a, dt), True)
+    # The factorization the forward solve used (A^T's where it factors that), hence its singularity check.
+    LU, piv, info, transposed = factor_for_solve(be, be.astype(a, dt), x_mat_shape[-1] if left else x_mat_shape[-2])
     _args.raise_if_singular(be, info, "vjp.solve")
-    gB = _solve_packed(be, LU, be.own_pivots(piv), gX, left=left, adjoint=True)
+    gB = _solve_packed(be, LU, be.own_pivots(piv), gX, left=left, adjoint=not transposed)
     gA = -(gB @ mH(x)) if left else -(mH(x) @ gB)
     gA = cast_like(sum_to(xp, gA, tuple(a.shape)), a.dtype)
     gB = cast_like(sum_to(xp, gB, tuple(b_mat_shape)), b_dtype).reshape(b_raw.shape)

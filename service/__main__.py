@@ -13,6 +13,7 @@ import faulthandler
 import gc
 import io
 import logging
+import resource
 import signal
 import socket
 import sys
@@ -33,6 +34,38 @@ log = logging.getLogger("service")
 # Exit statuses: 2 for what the operator must change (flags, settings, a missing GPU), 1 for the port.
 EXIT_CONFIG = 2
 EXIT_LISTEN = 1
+
+
+#: Files the process needs besides its connections (libraries, logs, the listening sockets, gRPC's own).
+FILE_SLACK = 256
+
+
+def raise_file_limit(max_connections: int) -> int:
+    """Raise the soft limit on open files to what the connection bounds may take: ``LU_MAX_CONNECTIONS``
+    served and as many turned away on the HTTP port, as many on gRPC's, and :data:`FILE_SLACK`; as far as
+    the hard limit allows (the soft one is often 1024, LU_MAX_CONNECTIONS's default). Below that, accept()
+    fails (EMFILE) before the count turns anyone away: logged. Returns the soft limit now."""
+    needed = 3 * max_connections + FILE_SLACK
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return soft
+    target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as exc:  # pragma: no cover - a platform that refuses
+            log.warning("cannot raise the open-file limit to %d: %s", target, exc)
+    if soft < needed:
+        log.warning(
+            "the open-file limit (%d, hard %d) is below the %d that LU_MAX_CONNECTIONS = %d may need: raise it "
+            "(ulimit -n, compose's ulimits, the container runtime) or lower LU_MAX_CONNECTIONS",
+            soft,
+            hard,
+            needed,
+            max_connections,
+        )
+    return soft
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -64,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lu-service: invalid settings:\n{exc}", file=sys.stderr)
         return EXIT_CONFIG
     configure_logging(settings.log_level, settings.log_json)
+    raise_file_limit(settings.max_connections)
     try:
         sock = listen(settings.host, settings.port)
     except OSError as exc:
@@ -150,6 +184,9 @@ def server_config(app: Any, settings: Settings, metrics: Any = None) -> uvicorn.
         access_log=False,  # service.middleware writes one structured line per request
         timeout_graceful_shutdown=settings.graceful_shutdown_s,
         proxy_headers=True,
+        # No WebSocket routes: an Upgrade request is answered as plain HTTP. (uvicorn would hand the
+        # connection to its WebSocket protocol, whose close the connection count never sees.)
+        ws="none",
     )
 
 

@@ -7,8 +7,10 @@ need none of that work (exact ``np.ndarray`` of a supported dtype; matrices to f
 factorizations and right-hand sides of the same batch, without broadcasting; shapes that agree;
 sizes the Numba kernels take), run the very kernels the general path runs on them, with the same
 twin (serial or parallel), and so return the same bits and raise the same errors
-(pivots out of range: :meth:`CpuBackend.check_pivots`). Anything else returns ``None`` and takes the
-general path, which then reports whatever is wrong with it.
+(pivots out of range: :meth:`CpuBackend.check_pivots`). One matrix of a size the general path factors
+on its LAPACK pool goes, where that LAPACK is MKL, straight to the same single-threaded ``getrf``
+(:func:`_one_by_mkl`). Anything else returns ``None`` and takes the general path, which then reports
+whatever is wrong with it.
 """
 
 from __future__ import annotations

@@ -408,6 +408,33 @@ def test_a_flood_of_connections_is_turned_away_and_the_server_goes_on(gated_serv
     assert "Traceback" not in "".join(gated_server.log)
 
 
+def test_the_connection_count_comes_back_after_every_kind_of_close(gated_server):
+    """Connections closed by the client, by a 431, by an unparsable request, or after an Upgrade request
+    (answered as plain HTTP: there are no WebSocket routes) all give their place back."""
+    time.sleep(1.5)  # the earlier tests' connections have gone
+    closes = [
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + b"a:\r\n" * 200 + b"\r\n",
+        b"GARBAGE\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+    ]
+    for _ in range(2 * CONNECTIONS):  # more than the limit: a place not given back would show
+        for request in closes:
+            sock = connect(gated_server)
+            sock.sendall(request)
+            sock.settimeout(5)
+            with contextlib.suppress(OSError):
+                first = sock.recv(65536)
+                assert first.startswith(b"HTTP/1.1 "), first[:100]
+                assert not first.startswith(b"HTTP/1.1 101"), "a WebSocket upgrade was accepted"
+            sock.close()
+    time.sleep(0.5)
+    with httpx.Client(timeout=10) as client:
+        text = client.get(f"{gated_server.url}/metrics").text
+    assert metric_value(text, "lu_http_connections") == 1  # this client's
+
+
 def test_connections_beyond_the_limit_hold_no_memory(gated_server):
     """600 connections each sending 57 KiB of headers that never end: only LU_MAX_CONNECTIONS of them are read
     (74 KiB each was measured); without the limit the server grew ~44 MiB."""

@@ -418,3 +418,21 @@ def test_on_a_gpu_the_warm_up_runs_small_shapes_on_the_host_and_on_the_device():
     device.seen.clear()
     app_module.warm_up(device, max_n=4)
     assert {n for _, n, _ in device.seen} == {4} and device.host_max_n == 32
+
+
+def test_the_open_file_limit_is_raised_to_what_the_connection_bound_needs(monkeypatch, caplog):
+    """LU_MAX_CONNECTIONS = 1024 may need 3 x 1024 + slack files; a soft limit of 1024 (common) is raised as far
+    as the hard limit allows, and a hard limit below the need is logged."""
+    import resource
+
+    from service.__main__ import FILE_SLACK, raise_file_limit
+
+    limits = {"soft": 1024, "hard": 1 << 20}
+    monkeypatch.setattr(resource, "getrlimit", lambda _: (limits["soft"], limits["hard"]))
+    monkeypatch.setattr(resource, "setrlimit", lambda _, pair: limits.update(soft=pair[0], hard=pair[1]))
+    assert raise_file_limit(1024) == 3 * 1024 + FILE_SLACK == limits["soft"]
+    assert raise_file_limit(10) == limits["soft"]  # never lowered
+    limits.update(soft=1024, hard=2048)
+    with caplog.at_level("WARNING", logger="service"):
+        assert raise_file_limit(1024) == 2048
+    assert "below the 3328 that LU_MAX_CONNECTIONS = 1024 may need" in caplog.text
