@@ -70,25 +70,25 @@ class _Overrun(Exception):
     answers the refusal the callback recorded (after the answers owed before it, for a pipelined one)."""
 
 
-class _OwnRefusals(logging.Filter):
-    """Drops uvicorn's warning "Invalid HTTP request received." for a refusal this protocol made on purpose
-    (an :class:`_Overrun`: 429, 431), which :meth:`_BoundedProtocol._refuse` logs in its own words; the
-    parser's real errors keep it. Everything runs on the event loop's thread: the flag is set just before
-    uvicorn logs, and cleared when it has (``send_400_response``)."""
+class _ConnectionLog:
+    """uvicorn's logger as one connection's protocol sees it (``self.logger``), without uvicorn's warning
+    "Invalid HTTP request received." for a refusal the protocol made on purpose (an :class:`_Overrun`: 429,
+    431), which :meth:`_BoundedProtocol._refuse` logs in its own words; the parser's real errors keep it.
+    uvicorn logs that warning between the callback that raised and ``send_400_response``, which clears the
+    refusal; everything else goes to the logger itself."""
 
-    pending = False
+    __slots__ = ("_log", "_protocol")
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if _OwnRefusals.pending and record.msg == "Invalid HTTP request received.":
-            _OwnRefusals.pending = False
-            return False
-        return True
+    def __init__(self, log: logging.Logger, protocol: _BoundedProtocol) -> None:
+        self._log = log
+        self._protocol = protocol
 
+    def warning(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        if self._protocol._overrun is None:
+            self._log.warning(msg, *args, **kwargs)
 
-def _quiet_own_refusals() -> None:
-    logger = logging.getLogger("uvicorn.error")
-    if not any(isinstance(f, _OwnRefusals) for f in logger.filters):
-        logger.addFilter(_OwnRefusals())
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
 
 
 def _error_bytes(status: int, code: str, message: str, request_id: str, extra_headers: bytes = b"") -> bytes:
@@ -414,6 +414,7 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._header_fields = 0
         self._overrun: tuple[int, str, str] | None = None  # the refusal a parser callback stopped parsing for
         self._served = False  # admitted by the gate (connection_made ran)
+        self.logger = _ConnectionLog(self.logger, self)  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ connection
 
@@ -463,7 +464,6 @@ class _BoundedProtocol(HttpToolsProtocol):
             self._refuse(431, "headers_too_large", f"the request line and headers exceed {self.max_header_bytes} bytes")
 
     def send_400_response(self, msg: str) -> None:
-        _OwnRefusals.pending = False
         refusal = self._overrun or (400, "malformed_request", f"not a valid HTTP/1.1 request: {msg}")
         self._overrun = None
         if self._in_headers and self._answers_owed():
@@ -488,7 +488,6 @@ class _BoundedProtocol(HttpToolsProtocol):
                 f"more than {MAX_PIPELINED} requests were sent ahead of their answers on one connection: "
                 "the ones before are answered, then the connection closes",
             )
-            _OwnRefusals.pending = True
             raise _Overrun
         super().on_message_begin()
         self._header_fields = 0
@@ -507,7 +506,6 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._header_fields += 1
         if self._header_fields > MAX_HEADER_FIELDS:
             self._overrun = (431, "headers_too_large", f"the request has more than {MAX_HEADER_FIELDS} header fields")
-            _OwnRefusals.pending = True
             raise _Overrun
         super().on_header(name, value)
 
@@ -635,7 +633,6 @@ def bounded_protocol(
     gate: ConnectionGate | None = None,
 ) -> type[HttpToolsProtocol]:
     """The protocol class to pass as ``uvicorn.Config(http=...)``, with this service's limits."""
-    _quiet_own_refusals()
     return type(
         "LUHttpToolsProtocol",
         (_BoundedProtocol,),
