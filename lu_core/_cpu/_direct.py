@@ -50,23 +50,21 @@ def factor_direct(A: Any, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 
 def _one_by_mkl(A: np.ndarray, batch: tuple[int, ...], m: int, n: int) -> tuple[np.ndarray, ...] | None:
-    """One matrix of a size the general path factors on the LAPACK pool, where that LAPACK is MKL: the same
-    copy (transposing a C-ordered one, serially) and the same single-threaded ``getrf``, hence the same bits,
-    without the pool's dispatch. Larger matrices (threaded MKL) and SciPy's LAPACK take the general path."""
+    """One matrix of a size the general path factors on the LAPACK pool, where that LAPACK is MKL
+    (:func:`_lapack.getrf_alone`: the pool's copy and single-threaded ``getrf``, hence the same bits, without
+    its dispatch). Larger matrices (threaded MKL) and SciPy's LAPACK take the general path."""
     if max(m, n) > _tuning.LAPACK_POOL_MAX_N:
         return None
-    lp = _lapack.lapack()
-    if not isinstance(lp, _lapack.MklLapack):
-        return None
     src, transposed = _backend._factor_source(A.reshape(1, m, n))
-    s = np.empty((1, n, m), dtype=A.dtype)
-    if transposed:
-        _kernels.transpose_into.serial(src, s)
-    else:
-        np.copyto(s, src)
-    piv = np.empty((1, min(m, n)), dtype=np.int32)
-    info = np.array([lp.factor_alone(A.dtype)(s[0].T, piv[0])], dtype=np.int32)
-    return s.swapaxes(1, 2).reshape(*batch, m, n), piv.reshape(*batch, piv.shape[1]), info.reshape(batch)
+    factored = _lapack.getrf_alone(src, transposed, m, n)
+    if factored is None:
+        return None
+    s, piv, info = factored
+    return (
+        s.swapaxes(1, 2).reshape(*batch, m, n),
+        piv.reshape(*batch, piv.shape[1]),
+        np.array([info], dtype=np.int32).reshape(batch),
+    )
 
 
 def solve_direct(LU: Any, pivots: Any, B: Any) -> np.ndarray | None:

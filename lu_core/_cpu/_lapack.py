@@ -372,19 +372,38 @@ def getrf(
     """
     lp = lapack()
     factor = lp.factor(s.dtype)
-    transpose = _kernels.transpose_into.serial
     src = _copied_ahead(src, transposed, s, max(s.shape[1:]))
 
     def task(lo: int, hi: int) -> None:
         for b in range(lo, hi):
             if src is not None:
-                if transposed:
-                    transpose(src[b : b + 1], s[b : b + 1])
-                else:
-                    s[b] = src[b]
+                _copy_in(src, transposed, s, b)
             info[b] = factor(s[b].T, piv0[b])
 
     _run_chunked(task, s.shape[0], max(s.shape[1:]), lp)
+
+
+def _copy_in(src: np.ndarray, transposed: bool, s: np.ndarray, b: int) -> None:
+    """``s[b]`` from ``src[b]`` as :func:`getrf` takes it (transposing a C-ordered matrix, serially)."""
+    if transposed:
+        _kernels.transpose_into.serial(src[b : b + 1], s[b : b + 1])
+    else:
+        s[b] = src[b]
+
+
+def getrf_alone(src: np.ndarray, transposed: bool, m: int, n: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """:func:`getrf` of one ``m x n`` matrix of the pool's sizes (``src`` holds it, as :func:`getrf` takes
+    it) where the LAPACK is MKL: ``(s, piv, info)``, the factorization in transposed storage ``(1, n, m)``
+    and LAPACK's 1-based pivots ``(1, min(m, n))``, from the same copy and the same single-threaded
+    ``getrf`` (:meth:`MklLapack.factor_alone`), hence the same bits, without the pool's dispatch. ``None``
+    (nothing done) on SciPy's LAPACK, whose one-thread hold is the pool's."""
+    lp = lapack()
+    if not isinstance(lp, MklLapack):
+        return None
+    s = np.empty((1, n, m), dtype=src.dtype)
+    piv = np.empty((1, min(m, n)), dtype=np.int32)
+    _copy_in(src, transposed, s, 0)
+    return s, piv, lp.factor_alone(s.dtype)(s[0].T, piv[0])
 
 
 def getrs(
