@@ -5,7 +5,7 @@
     LU_DEVICE=cpu make gpu-proof OUT=dir         # the rehearsal CI runs: no device needed
 
 A session lent a device has 15 minutes of device time, its start included, so the limits
-below add up to at most 14.25 minutes, in two commands of at most 10: the checks first, then the
+below add up to at most 14.5 minutes, in two commands of at most 10: the checks first, then the
 measurements. The benchmarks stop starting cases when their time is spent (cheapest cases first)
 and report what they left out. Nothing measures beside a compile: on 2026-11-27 the core grid's
 1x128 cases ran 1.4-3.2x slower (torch's 1.1-1.8x) than on a quiet host while ``kernels``
@@ -34,7 +34,8 @@ hang or crash in one still leaves the others' results):
                   upload, an allocation failure during compute is a 503 and the next request works
 ``calibrate``     ``python -m bench.calibrate_gpu`` (fills ``lu_core/_gpu/_tuning.py``; its diff is kept)
 ``core-bench``    ``python -m bench.profile_gpu`` (where a small call's time goes; the first large
-                  solve in two fresh processes), then
+                  solve in two fresh processes), ``python -m bench.trace_gpu`` (each small call's
+                  API calls, kernels, copies and waits against torch's), then
                   ``python -m bench.core_gpu`` (lu_core against torch CUDA and cupyx)
 ``batching``      ``python -m bench.batching --proof``: batching off and on at 64 and 256 clients
                   (issue 15's GPU goal: at least 3x the requests per second)
@@ -83,11 +84,11 @@ COMMANDS = (
 # elsewhere start services). Services need the kernels; measurements a host that compiles nothing.
 BACKGROUND = ("kernels",)
 WAITS = ("service", "oom", "calibrate", "core-bench", "batching", "service-bench")
-# Seconds per part on a device: 11.75 minutes in all without ``kernels``, so that a session's 15 minutes
+# Seconds per part on a device: 12 minutes in all without ``kernels``, so that a session's 15 minutes
 # of device time (the machine's start included) hold the whole proof when both commands run on one
 # machine (``kernels`` then loads from its cache in the second). On a fresh machine for the second
 # command (the first went back while idle), its compile (up to 150 s) and a second start come on top:
-# 14.25 minutes of limits and two starts, which the budget may not hold. Seconds used on the H100 on
+# 14.5 minutes of limits and two starts, which the budget may not hold. Seconds used on the H100 on
 # 2026-11-27 (fourth run, ``kernels`` beside the measurements) in the comments.
 LIMITS = {
     "env": 20,  # 1
@@ -96,7 +97,7 @@ LIMITS = {
     "service": 35,  # 19
     "oom": 30,  # 10
     "calibrate": 60,  # 38 (it stops when its budget is spent)
-    "core-bench": 120,  # 85
+    "core-bench": 135,  # 85, before bench/trace_gpu.py (27 s on the H100, 2026-11-27) joined it
     "batching": 40,  # 35
     "service-bench": 110,  # 98
 }
@@ -105,6 +106,8 @@ REPORT_S = 25
 # Of the core-bench part: seconds for bench/profile_gpu.py's cases before the grid, and for its two
 # fresh processes timing the first large solve (FIRST_CALL_TIMEOUT_S each).
 PROFILE_S = 20
+#: Of the core-bench part: seconds for bench/trace_gpu.py's cases (what each small call does on the device).
+TRACE_S = 25
 FIRST_CALL_S = 60
 # Of the tests part: seconds for the few tests marked gpu outside tests/lu_core/_gpu (the service's: 23 s).
 TESTS_ELSEWHERE_S = 40
@@ -397,8 +400,9 @@ def part_core_bench(p: Proof) -> Outcome:
         # Still run it: the suite must skip itself cleanly without a device.
         rc, _ = p.sh("core.md", [sys.executable, "-m", "bench", "--suite", "core-gpu", "--quick", "--out", ""], 240)
         profile_rc, _ = p.sh("core.md", [sys.executable, "-m", "bench.profile_gpu", "--out", str(p.scratch)], 120)
-        if rc != 0 or profile_rc != 0:
-            return Outcome("failed", f"exit {rc} (grid), {profile_rc} (profile) without a device")
+        trace_rc, _ = p.sh("core.md", [sys.executable, "-m", "bench.trace_gpu", "--out", str(p.scratch)], 120)
+        if rc != 0 or profile_rc != 0 or trace_rc != 0:
+            return Outcome("failed", f"exit {rc} (grid), {profile_rc} (profile), {trace_rc} (trace) without a device")
         return Outcome("skipped", "needs the device (the suite ran and skipped itself)")
     folder = p.scratch / "core"
     # First where a small call's time goes (host work, waits, device work: bench/profile_gpu.py), then
@@ -406,20 +410,24 @@ def part_core_bench(p: Proof) -> Outcome:
     t0 = time.perf_counter()
     profile_rc, _ = p.sh("core.log", [sys.executable, "-m", "bench.profile_gpu", "--out", str(folder),
                                       "--seconds", str(PROFILE_S)], PROFILE_S + FIRST_CALL_S + REPORT_S)  # fmt: skip
+    trace_rc, _ = p.sh("core.log", [sys.executable, "-m", "bench.trace_gpu", "--out", str(folder),
+                                    "--seconds", str(TRACE_S)], TRACE_S + REPORT_S)  # fmt: skip
     left = p.limit("core-bench") - (time.perf_counter() - t0)
     argv = [sys.executable, "-m", "bench.core_gpu", "--out", str(folder)]
     argv += ["--seconds", str(max(1, int(left - REPORT_S)))]
     rc, _ = p.sh("core.log", [*argv, *(["--quick"] if p.quick else [])], left)
-    reports = sorted(folder.glob("*.md"), key=lambda f: f.name.startswith("profile-")) if folder.exists() else []
+    diagnoses = ("profile-", "trace-")  # appended after the grid
+    reports = sorted(folder.glob("*.md"), key=lambda f: f.name.startswith(diagnoses)) if folder.exists() else []
     for f in reports:
         p.append("core.md", f.read_text())
-    grid = [f for f in reports if not f.name.startswith("profile-")]
+    grid = [f for f in reports if not f.name.startswith(diagnoses)]
     if rc != 0:
         return Outcome("failed", f"exit {rc}")
     if not grid:
         return Outcome("failed", "no report written")
     # The grid stands on its own; a profile cut short keeps the rows it wrote (in core.md).
     stopped = f"; the profile stopped (exit {profile_rc}), see core.log" if profile_rc != 0 else ""
+    stopped += f"; the trace stopped (exit {trace_rc}), see core.log" if trace_rc != 0 else ""
     return Outcome("ok", f"{len(grid)} report(s){stopped}")
 
 

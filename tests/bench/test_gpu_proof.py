@@ -165,7 +165,7 @@ def test_a_part_that_times_out_takes_the_processes_it_started_with_it(tmp_path):
 
 
 @pytest.mark.parametrize("bad", ["0", "-5", "nan", "inf", "ten", ""])
-@pytest.mark.parametrize("module", ["bench.core_gpu", "bench.calibrate_gpu", "bench.profile_gpu"])
+@pytest.mark.parametrize("module", ["bench.core_gpu", "bench.calibrate_gpu", "bench.profile_gpu", "bench.trace_gpu"])
 def test_a_time_budget_that_is_not_a_positive_number_of_seconds_is_refused(module, bad, capsys):
     import importlib
 
