@@ -70,13 +70,13 @@ def _ctype(dtype: np.dtype) -> str:
     return _sources.CTYPE[np.dtype(dtype)]
 
 
-def check_pivots(flat: Any, piv0: Any, m: int, first_bad: Any) -> Launch:
-    """Range check and 1 -> 0-based conversion of ``flat`` (any integer type) into ``piv0`` (int32)."""
+def check_pivots(flat: Any, piv0: Any, m: int, first_bad: Any, base: int = 0) -> Launch:
+    """Range check of ``flat`` (1-based, any integer type) into ``piv0`` (int32): 0-based (``base`` 0), or
+    a checked 1-based copy (``base`` 1, for cuSOLVER); a bad pivot becomes the first row."""
     ctype = _sources.PIVOT_CTYPE[(flat.dtype.itemsize, flat.dtype.kind == "i")]
     total = flat.size
-    return _elementwise(
-        "kernels.cu", f"check_pivots<{ctype}>", total, (flat, piv0, np.int64(total), np.int64(m), first_bad)
-    )
+    args = (flat, piv0, np.int64(total), np.int64(m), np.int32(base), first_bad)
+    return _elementwise("kernels.cu", f"check_pivots<{ctype}>", total, args)
 
 
 def permutations(piv0: Any, perm: Any) -> Launch:
@@ -150,6 +150,16 @@ def batch_offsets(out: Any, terms: tuple[tuple[int, int, int], ...]) -> Launch:
     padded = [*terms, *[(1, 1, 0)] * (_broadcast.MAX_TERMS - len(terms))]
     args = (out, np.int64(out.size), *(np.int64(v) for term in padded for v in term))
     return _elementwise("kernels.cu", "batch_offsets", out.size, args)
+
+
+def batch_pointers(
+    a_ptrs: Any, w_ptrs: Any, lu_index: Any, a_base: int, a_bytes: int, w_base: int, w_bytes: int
+) -> Launch:
+    """cuBLAS's pointer arrays (uint64, one entry per problem): ``a_base + lu_index[t] * a_bytes`` into ``a_ptrs``
+    (``lu_index`` int64) and ``w_base + t * w_bytes`` into ``w_ptrs``."""
+    nprob = a_ptrs.size
+    args = (a_ptrs, w_ptrs, lu_index, np.uint64(a_base), np.int64(a_bytes), np.uint64(w_base), np.int64(w_bytes))
+    return _elementwise("kernels.cu", "batch_pointers", nprob, (*args, np.int64(nprob)))
 
 
 def gather_rhs(

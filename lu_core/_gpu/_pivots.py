@@ -1,7 +1,8 @@
 """Pivots on the device: checking users' pivots, converting ours, row orders.
 
 Bases: LAPACK's 1-based pivots outside, 0-based inside our kernels.
-:func:`check_pivots` (users' pivots: range-checked on the device) and
+:func:`check_pivots` (users' pivots: range-checked on the device; :func:`checked_later` where the
+caller reads the check's flag after queueing the solve) and
 :func:`own_pivots` (pivots this library just produced: no check, no host
 synchronisation) are the two places that convert in; cuSOLVER and cuBLAS get
 ``piv0 + 1`` where they are called. The exceptions: the small solve
@@ -26,16 +27,28 @@ _NO_BAD = np.uint64(np.iinfo(np.uint64).max)
 
 
 def check_pivots(pivots: cp.ndarray, m: int) -> cp.ndarray:
+    """0-based int32 pivots, shape ``(batch, k)``, from users' pivots: range-checked, :class:`PivotError`
+    raised before anything reads them (one launch, one 8-byte copy waited for)."""
+    piv0, first_bad = checked_later(pivots, m)
+    if first_bad is not None:
+        raise_if_bad(first_bad, pivots, m)
+    return piv0
+
+
+def checked_later(pivots: cp.ndarray, m: int, base: int = 0) -> tuple[cp.ndarray, cp.ndarray | None]:
+    """Users' pivots range-checked into int32, shape ``(batch, k)``, in ``base`` (0: our kernels'; 1:
+    LAPACK's, for cuSOLVER), a bad one read as the first row (never out of bounds), and the check's
+    flag (None: no pivot to check): one launch, nothing waited for. The caller queues the work that
+    reads the copy, then raises with :func:`raise_if_bad` on the flag."""
     k = pivots.shape[-1]
     nb = math.prod(pivots.shape[:-1])
     flat = cp.ascontiguousarray(pivots.reshape(nb, k))
-    piv0 = cp.empty((nb, k), dtype=cp.int32)
+    out = cp.empty((nb, k), dtype=cp.int32)
     if not flat.size:
-        return piv0
+        return out, None
     first_bad = no_bad_yet()
-    _sources.run(_launch.check_pivots(flat, piv0, m, first_bad))
-    raise_if_bad(first_bad, pivots, m)
-    return piv0
+    _sources.run(_launch.check_pivots(flat, out, m, first_bad, base))
+    return out, first_bad
 
 
 def no_bad_yet() -> cp.ndarray:

@@ -48,7 +48,7 @@ from lu_core._gpu._broadcast import (
 from lu_core._gpu._constants import on_device, placeholders
 from lu_core._gpu._launch import Indexed
 from lu_core._gpu._libs import cublas, cusolver
-from lu_core._gpu._pivots import no_bad_yet, permutations, raise_if_bad
+from lu_core._gpu._pivots import checked_later, no_bad_yet, permutations, raise_if_bad
 from lu_core._layout import column_major_factors
 from lu_core._validate import direct_solve_shape
 
@@ -216,21 +216,39 @@ def _small(
 
 
 def solve_direct(LU: object, pivots: object, B: object) -> cp.ndarray | None:
-    """``lu_solve(LU, pivots, B)`` (left, not adjoint, unchecked) in one launch and one 8-byte copy
-    back, for what ``lu_factor`` returns (each LU column-major, C-ordered int32 pivots) and
-    right-hand sides of its dtype and batch (no broadcasting, any strides) that our kernel solves:
-    the kernel reads the user's pivots as they are and range-checks them itself (no ``check_pivots``
-    launch, no converted copy), then raises as the general path would. The general path's launch
-    (the same kernel, the same arithmetic): the same bits. Anything else: None."""
+    """``lu_solve(LU, pivots, B)`` (left, not adjoint, unchecked) for what ``lu_factor`` returns (each LU
+    column-major, C-ordered int32 pivots) and right-hand sides of its dtype and batch (no broadcasting,
+    any strides), without the general path's host work:
+
+    * where our kernel solves, in one launch and one 8-byte copy back: the kernel reads the user's
+      pivots as they are and range-checks them itself (no ``check_pivots`` launch, no converted copy);
+    * one problem cuSOLVER solves (:func:`_direct_getrs`): a checked copy of the pivots, a copy of B,
+      ``getrs``, the 8-byte flag read after the solve is queued;
+    * cuBLAS's batched paths: the general path's solve (:func:`lu_solve`) on the pivots ``check_pivots``
+      converts, its flag read after the solve is queued (not before, as the API's general path does).
+
+    Each raises as the general path would, and computes what it computes (the same kernels and library
+    calls on the same numbers; a bad pivot, read as the first row, never indexes out of bounds in the
+    meantime): the same bits. Anything else: None."""
     shape = direct_solve_shape(LU, pivots, B, cp.ndarray, _sources.DTYPES, _sources.INT32)
-    if shape is None or _tuning.solve_path(shape[1], shape[3], shape[2]) != "own":
+    if shape is None:
         return None
     batch, n, nrhs, nprob = shape
+    path = _tuning.solve_path(n, nprob, nrhs)
     dt = LU.dtype
     device = LU.device
     s = column_major_factors(LU)  # the factors as the kernel reads them
     if s is None or not pivots.flags.c_contiguous or pivots.device.id != device.id or B.device.id != device.id:
         return None
+    if path == "getrs":
+        with device:
+            return _direct_getrs(s.reshape(n, n), pivots, B, batch)
+    if path != "own":
+        with device:
+            piv0, first_bad = checked_later(pivots, n)
+            x = lu_solve(LU, piv0, B, None, batch, True, False)
+            raise_if_bad(first_bad, pivots, n)
+        return x
     with device:
         w = cp.empty((*batch, nrhs, n), dtype=dt)
         first_bad = no_bad_yet()
@@ -251,13 +269,33 @@ def solve_direct(LU: object, pivots: object, B: object) -> cp.ndarray | None:
     return w.swapaxes(-1, -2)
 
 
+def _direct_getrs(s: cp.ndarray, pivots: cp.ndarray, B: cp.ndarray, batch: tuple[int, ...]) -> cp.ndarray:
+    """One problem through cuSOLVER ``getrs`` without the general path's host work: the user's pivots
+    range-checked into a 1-based int32 copy (``check_pivots`` with base 1: a bad one becomes row 1, so
+    the library never reads out of bounds), B copied into the column-major block ``getrs`` overwrites,
+    the solve queued, then the check's flag read and :class:`PivotError` raised as the general path's.
+    The general path gives ``getrs`` the same numbers (its ``gather_rhs`` copy of B, ``piv0 + 1``)."""
+    n = s.shape[-1]
+    nrhs = B.shape[-1]
+    _libs.check_int32("LU", n, n)
+    _libs.check_int32("B", n, nrhs)
+    piv1, first_bad = checked_later(pivots, n, base=1)
+    w = cp.empty((*batch, nrhs, n), dtype=s.dtype)  # X^T, C-ordered: each right-hand side contiguous
+    w[...] = B.swapaxes(-1, -2)
+    _getrs(s, piv1, w, _N)
+    raise_if_bad(first_bad, pivots, n)
+    return w.swapaxes(-1, -2)
+
+
 def solve_fused(
     a: cp.ndarray, b: cp.ndarray, out_batch: tuple[int, ...], left: bool
 ) -> tuple[cp.ndarray, cp.ndarray] | None:
-    """``solve(A, B)``'s ``(X, info)`` in two launches where our kernels both factor and solve (``n <=
-    32``): ``small_getrf``, then ``small_getrs`` on the 1-based pivots it wrote (always in range: no
-    converted copy, no flag to read back), B read where it is. The general path's kernels on the same
-    data: the same bits. None elsewhere (other dtypes, empty sizes, the libraries' paths)."""
+    """``solve(A, B)``'s ``(X, info)`` without the general path's host work, where our kernels both factor
+    and solve (``n <= 32``): ``small_getrf``, then ``small_getrs`` on the 1-based pivots it wrote (always
+    in range: no converted copy, no flag to read back), B read where it is; and for one system cuSOLVER
+    solves: ``lu_factor_ex``, a copy of B, ``getrs`` on the pivots ``getrf`` wrote. The general path's
+    kernels and library calls on the same data: the same bits. None elsewhere (other dtypes, empty
+    sizes, cuBLAS's batched paths)."""
     n = a.shape[-1]
     dt = a.dtype
     rhs = b.swapaxes(-1, -2) if left else b  # (*batch, nrhs, n): X A = B is A^T X^T = B^T
@@ -266,7 +304,18 @@ def solve_fused(
     nb, nprob = math.prod(batch), math.prod(out_batch)
     if b.dtype != dt or dt not in _sources.DTYPES or not (nb and n and nprob and nrhs) or b.device.id != a.device.id:
         return None
-    if _tuning.solve_path(n, nprob, nrhs) != "own" or not _tuning.own_kernel(n, n, dt):
+    path = _tuning.solve_path(n, nprob, nrhs)
+    if path == "getrs":
+        _libs.check_int32("B", n, nrhs)
+        with a.device:
+            lu, piv, info = _factor.lu_factor_ex(a, True)  # (checks A's size for the library itself)
+            w = cp.empty((*out_batch, nrhs, n), dtype=dt)
+            w[...] = rhs
+            s = lu.reshape(n, n).swapaxes(0, 1)  # lu_factor_ex's storage: column-major, a view
+            s = s if s.flags.c_contiguous else cp.ascontiguousarray(s)  # (were it ever a copy: back to its layout)
+            _getrs(s, piv.reshape(n), w, _N if left else _T)
+        return (w.swapaxes(-1, -2) if left else w), info
+    if path != "own" or not _tuning.own_kernel(n, n, dt):
         return None
     with a.device:
         lu, piv, info = _factor.lu_factor_ex(a, True)
@@ -299,24 +348,37 @@ def diagonal_info(lu: cp.ndarray) -> cp.ndarray:
     return info
 
 
-def _pointers(base: cp.ndarray, index: cp.ndarray, step_bytes: int) -> cp.ndarray:
-    """``base + index * step``: a batched routine's pointer array; a repeated index repeats a matrix."""
-    return index.astype(cp.uint64) * np.uint64(step_bytes) + np.uint64(base.data.ptr)
+def _pointers(s: cp.ndarray, index: cp.ndarray, w3: cp.ndarray) -> tuple[cp.ndarray, cp.ndarray]:
+    """A batched routine's pointer arrays, one launch: problem t's factorization ``s[index[t]]`` (a repeated
+    index repeats a matrix) and its right-hand sides ``w3[t]``."""
+    nprob, nrhs, n = w3.shape
+    item = s.dtype.itemsize
+    a_ptrs, w_ptrs = cp.empty((2, nprob), dtype=cp.uint64)
+    _sources.run(_launch.batch_pointers(a_ptrs, w_ptrs, index, s.data.ptr, n * n * item, w3.data.ptr, nrhs * n * item))
+    return a_ptrs, w_ptrs
 
 
 def _getrs_cusolver(s: cp.ndarray, piv0: cp.ndarray, f: int, w3: cp.ndarray, op: int) -> None:
-    _, nrhs, n = w3.shape
-    piv1 = piv0[f] + np.int32(1)  # our 0-based -> LAPACK's 1-based, for the library only
+    _getrs(s[f], piv0[f] + np.int32(1), w3, op)  # our 0-based -> LAPACK's 1-based, for the library only
+
+
+def _getrs(lu: cp.ndarray, piv1: cp.ndarray, w: cp.ndarray, op: int) -> None:
+    """cuSOLVER ``getrs`` of one factorization ``lu`` (column-major, i.e. its transpose C-ordered) and its
+    1-based pivots ``piv1`` (in range), in place on the right-hand sides ``w`` (``nrhs`` contiguous rows)."""
+    if not (lu.flags.c_contiguous and w.flags.c_contiguous and piv1.flags.c_contiguous):
+        raise ValueError("getrs reads the factorization, pivots and right-hand sides as contiguous blocks")
+    n = lu.shape[-1]
+    nrhs = w.size // n
     dev_info = cp.empty(1, dtype=cp.int32)
-    getattr(cusolver, f"{_libs.prefix(s.dtype)}getrs")(
+    getattr(cusolver, f"{_libs.prefix(lu.dtype)}getrs")(
         _libs.solver_handle(),
         getattr(cublas, _CUBLAS_OP[op]),
         n,
         nrhs,
-        s[f].data.ptr,
+        lu.data.ptr,
         n,
         piv1.data.ptr,
-        w3.data.ptr,
+        w.data.ptr,
         n,
         dev_info.data.ptr,
     )
@@ -324,9 +386,7 @@ def _getrs_cusolver(s: cp.ndarray, piv0: cp.ndarray, f: int, w3: cp.ndarray, op:
 
 def _getrs_batched(s: cp.ndarray, piv0: cp.ndarray, index: cp.ndarray, w3: cp.ndarray, op: int) -> None:
     nprob, nrhs, n = w3.shape
-    item = s.dtype.itemsize
-    a_ptrs = _pointers(s, index, n * n * item)
-    b_ptrs = _pointers(w3, cp.arange(nprob, dtype=cp.int64), nrhs * n * item)
+    a_ptrs, b_ptrs = _pointers(s, index, w3)
     ipiv = piv0[index] + np.int32(1)  # pivots per problem (n ints each; the LU itself is not copied)
     info = np.zeros(1, dtype=np.int32)  # cuBLAS reports argument errors here, on the host
     getattr(cublas, f"{_libs.prefix(s.dtype)}getrsBatched")(
@@ -348,9 +408,7 @@ def _trsm_batched(s: cp.ndarray, index: cp.ndarray, w3: cp.ndarray, op: int) -> 
     """``A X = B`` (gathered already permuted): ``L^-1`` then ``U^-1``. ``op(A) X = B``:
     ``op(U)^-1`` then ``op(L)^-1``, the caller applying the inverse permutation after."""
     nprob, nrhs, n = w3.shape
-    item = s.dtype.itemsize
-    a_ptrs = _pointers(s, index, n * n * item)
-    b_ptrs = _pointers(w3, cp.arange(nprob, dtype=cp.int64), nrhs * n * item)
+    a_ptrs, b_ptrs = _pointers(s, index, w3)
     one = np.ones(1, dtype=s.dtype)  # alpha, a host pointer (the handle is in host pointer mode)
     trsm = getattr(cublas, f"{_libs.prefix(s.dtype)}trsmBatched")
     handle = _libs.blas_handle()

@@ -59,7 +59,7 @@ PIVOT_CTYPE = {
 
 
 def _generic_names() -> tuple[str, ...]:
-    names = ["perm_small", "perm_shared", "perm_global", "batch_offsets", "first_nonzero"]
+    names = ["perm_small", "perm_shared", "perm_global", "batch_offsets", "batch_pointers", "first_nonzero"]
     for kernel in ("unpack_direct", "gather_rhs", "scatter_rows", "nopivot_refactor", "diagonal_info"):
         names += [f"{kernel}<{t}>" for t in CTYPE.values()]
     names += [f"unpack<{t}, {i}>" for t in CTYPE.values() for i in ("int", "long long")]

@@ -13,21 +13,23 @@
 // read the user's 1-based pivots themselves and range-check each before using it.
 // No kernel here indexes memory with an unchecked pivot.
 
-// Range check and base conversion in one pass. An out-of-range pivot records
-// the smallest offending flat index in *first_bad (initialised to ULLONG_MAX
-// by the caller) and is replaced by 0, so even a caller that ignored the flag
-// could not make a later kernel read out of bounds.
+// Range check and base conversion in one pass: piv0[t] = piv[t] - 1 + base (base 0: our
+// kernels' 0-based pivots; base 1: a checked int32 copy in LAPACK's base, for cuSOLVER).
+// An out-of-range pivot records the smallest offending flat index in *first_bad
+// (initialised to ULLONG_MAX by the caller) and is replaced by the first row (base),
+// so even a caller that ignored the flag, or reads the flag only after a library
+// used the copy, could not make a later kernel read out of bounds.
 template <typename I>
 __global__ void check_pivots(const I* __restrict__ piv, int* __restrict__ piv0, long long total,
-                             long long m, unsigned long long* __restrict__ first_bad) {
+                             long long m, int base, unsigned long long* __restrict__ first_bad) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
         const long long v = (long long)piv[t];  // unsigned values >= 2^63 wrap negative: caught below
         if (v < 1 || v > m) {
             atomicMin(first_bad, (unsigned long long)t);
-            piv0[t] = 0;
+            piv0[t] = base;
         } else {
-            piv0[t] = (int)(v - 1);
+            piv0[t] = (int)(v - 1) + base;
         }
     }
 }
@@ -244,6 +246,19 @@ __global__ void batch_offsets(long long* __restrict__ out, long long total, long
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total; t += stride) {
         out[t] = (t / i0) % n0 * s0 + (t / i1) % n1 * s1 + (t / i2) % n2 * s2 + (t / i3) % n3 * s3;
+    }
+}
+
+// The pointer arrays of cuBLAS's batched routines, both in one pass (bytes): problem t's
+// factorization a_base + lu_index[t] * a_bytes (a repeated index repeats a matrix: a
+// broadcast LU is never copied) and its right-hand sides w_base + t * w_bytes.
+__global__ void batch_pointers(unsigned long long* __restrict__ a_ptrs, unsigned long long* __restrict__ w_ptrs,
+                               const long long* __restrict__ lu_index, unsigned long long a_base,
+                               long long a_bytes, unsigned long long w_base, long long w_bytes, long long nprob) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < nprob; t += stride) {
+        a_ptrs[t] = a_base + (unsigned long long)(lu_index[t] * a_bytes);
+        w_ptrs[t] = w_base + (unsigned long long)(t * w_bytes);
     }
 }
 

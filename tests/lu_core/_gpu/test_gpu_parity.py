@@ -294,12 +294,26 @@ def _general_path(monkeypatch):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
-    ("batch", "n", "nrhs"), [((), 8, 1), ((5,), 5, 4), ((), 32, 3), ((2, 3), 7, 2), ((600,), 4, 1)]
+    ("batch", "n", "nrhs"),
+    [
+        ((), 8, 1),
+        ((5,), 5, 4),
+        ((), 32, 3),
+        ((2, 3), 7, 2),
+        ((600,), 4, 1),
+        ((), 33, 1),
+        ((1,), 100, 3),
+        ((1, 1), 64, 1),
+        ((5,), 40, 2),
+        ((2, 3), 64, 1),
+    ],
 )
 def test_the_direct_solve_gives_the_general_paths_bits(rng, batch, n, nrhs, dtype, monkeypatch):
     """``lu_solve`` with the default options on what ``lu_factor`` returns takes ``_solve.solve_direct``
-    (one launch reading the user's pivots and B where they are): the general path's bits (the same
-    kernel after ``check_pivots``), for contiguous, strided and column-major right-hand sides."""
+    (our kernel reading the user's pivots and B where they are; past n = 32, one problem: cuSOLVER
+    ``getrs`` on a checked copy of the pivots; more: cuBLAS's batched paths, the pivots' flag read
+    after the solve): the general path's bits (the same kernels or library calls after ``check_pivots``),
+    for contiguous, strided and column-major right-hand sides."""
     from lu_core._gpu import _solve
 
     A = well_conditioned(rng, (*batch, n, n), dtype)
@@ -326,12 +340,21 @@ def test_the_direct_solve_gives_the_general_paths_bits(rng, batch, n, nrhs, dtyp
 @pytest.mark.parametrize("left", [True, False])
 @pytest.mark.parametrize(
     ("a_batch", "b_batch", "n", "nrhs"),
-    [((), (), 8, 1), ((4,), (4,), 5, 3), ((2, 1), (3,), 32, 2), ((1,), (700,), 3, 1)],
+    [
+        ((), (), 8, 1),
+        ((4,), (4,), 5, 3),
+        ((2, 1), (3,), 32, 2),
+        ((1,), (700,), 3, 1),
+        ((), (), 100, 2),
+        ((1,), (), 40, 2),
+        ((), (1,), 64, 3),
+    ],
 )
 def test_solve_fused_gives_the_general_paths_bits(rng, a_batch, b_batch, n, nrhs, dtype, left, monkeypatch):
     """``solve`` of systems our kernels factor and solve (n <= 32) takes ``_solve.solve_fused``: small_getrf
     then small_getrs on its 1-based pivots, B read where it is (broadcast both ways, over 512 problems
-    too): the bits of the general path (lu_factor_ex, own_pivots, lu_solve), and its singular check."""
+    too); so does one system past n = 32 (lu_factor_ex, then cuSOLVER getrs on getrf's pivots): the bits of
+    the general path (lu_factor_ex, own_pivots, lu_solve), and its singular check."""
     from lu_core._gpu import _solve
     from lu_core._gpu.backend import GpuBackend
 
@@ -373,6 +396,30 @@ def test_the_direct_solve_checks_the_pivots_as_the_general_path_does(rng, monkey
         assert str(direct.value) == str(general.value)
         where = tuple(int(i) for i in np.unravel_index(at, piv.shape))
         assert f"value {value} at index {where} is outside [1, 4]" in str(direct.value)
+
+
+@pytest.mark.parametrize(("batch", "raiser"), [((), "_direct_getrs"), ((1,), "_direct_getrs"), ((3,), "solve_direct")])
+def test_the_direct_library_solve_checks_the_pivots_and_then_solves_on(rng, batch, raiser, monkeypatch):
+    """Past n = 32 on the direct path, cuSOLVER ``getrs`` (one problem) or cuBLAS (more) read a checked copy
+    of the pivots (a bad one as the first row, never out of bounds) and the flag is read after the solve
+    is queued: the general path's PivotError all the same, and the next call (good pivots) answers right."""
+    n = 40
+    A = well_conditioned(rng, (*batch, n, n), np.float64)
+    LU, piv = lu_core.lu_factor(cp.asarray(A))
+    B = cp.asarray(random_matrix(rng, (*batch, n, 2), np.float64))
+    for at, value in ((0, 0), (17, n + 1), (39, -3), (5, np.iinfo(np.int32).max)):
+        bad = piv.copy()
+        bad.reshape(-1)[at] = value
+        with pytest.raises(lu_core.PivotError) as direct:
+            lu_core.lu_solve(LU, bad, B)
+        assert any(entry.name == raiser for entry in direct.traceback)
+        with monkeypatch.context() as m:
+            _general_path(m)
+            with pytest.raises(lu_core.PivotError) as general:
+                lu_core.lu_solve(LU, bad, B)
+        assert str(direct.value) == str(general.value)
+        X = lu_core.lu_solve(LU, piv, B)
+        assert_close(cp.asnumpy(X), np.linalg.solve(A, cp.asnumpy(B)), np.float64, n)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

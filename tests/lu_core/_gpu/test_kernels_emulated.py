@@ -19,6 +19,7 @@ checked by ``test_cuda_sources.py`` (compile) and the ``gpu``-marked tests (a le
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -343,19 +344,19 @@ def test_check_pivots_converts_and_finds_the_first_bad_one(asan, dt, how):
         bad.reshape(-1)[bad_at] = value
         bad.reshape(-1)[150] = 0  # a later bad one: the first is reported
         cases.append((bad, bad_at))
-    for piv, first in cases:
+    for (piv, first), base in itertools.product(cases, (0, 1)):  # base 1: the checked copy cuSOLVER reads
         flat = np.ascontiguousarray(piv.reshape(-1))
         piv0 = np.full(flat.shape, -7, np.int32)
         first_bad = np.full(1, np.iinfo(np.uint64).max, np.uint64)
-        _run(asan, _launch.check_pivots(flat, piv0, m, first_bad), how)
+        _run(asan, _launch.check_pivots(flat, piv0, m, first_bad, base=base), how)
         wide = flat.astype(np.int64) if dt != np.uint64 else flat.astype(np.float64)  # (values only compared)
         ok = (wide >= 1) & (wide <= m)
         if first is None:
             assert first_bad[0] == np.iinfo(np.uint64).max
         else:
             assert int(first_bad[0]) == first
-        np.testing.assert_array_equal(piv0[~ok], 0)  # never an index out of [0, m)
-        np.testing.assert_array_equal(piv0[ok], flat[ok].astype(np.int64) - 1)
+        np.testing.assert_array_equal(piv0[~ok], base)  # the first row: never an index out of range
+        np.testing.assert_array_equal(piv0[ok], flat[ok].astype(np.int64) - 1 + base)
 
 
 @pytest.mark.parametrize("how", LAUNCHES)
@@ -679,6 +680,21 @@ def test_batch_offsets_gives_block_offsets(asan, how):
         out = np.full(int(np.prod(out_batch)), -7, np.int64)
         _run(asan, _launch.batch_offsets(out, terms), how)
         np.testing.assert_array_equal(out, _broadcast.block_offsets(tuple(rhs.shape[:-2]), strides[:-2], out_batch))
+
+
+@pytest.mark.parametrize("how", LAUNCHES)
+def test_batch_pointers_repeat_a_broadcast_factorization_and_step_through_the_right_hand_sides(asan, how):
+    """cuBLAS's pointer arrays of ``_solve._pointers``: problem t's factorization at ``lu_index[t]`` (repeated
+    where LU is broadcast), its right-hand sides one block after another; addresses past 32 and 47 bits."""
+    nprob = 300
+    lu_index = np.random.default_rng(6).integers(0, 7, size=nprob).astype(np.int64)
+    for a_base, w_base in ((0x7F00_0000_1000, 0x7F10_0000_0000), (2**56 + 4096, 2**32 - 8)):
+        a_ptrs = np.zeros(nprob, np.uint64)
+        w_ptrs = np.zeros(nprob, np.uint64)
+        _run(asan, _launch.batch_pointers(a_ptrs, w_ptrs, lu_index, a_base, 128 * 128 * 8, w_base, 3 * 128 * 8), how)
+        want_a = [a_base + int(i) * 128 * 128 * 8 for i in lu_index]
+        want_w = [w_base + t * 3 * 128 * 8 for t in range(nprob)]
+        assert [int(p) for p in a_ptrs] == want_a and [int(p) for p in w_ptrs] == want_w
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
