@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 from bench._report import device_slug
 from bench.core_gpu import available, device_name, seconds_budget
+from bench.profile_gpu import CALLS
 
 #: (op, batch, n, dtype): the grid's cells where we lose most to torch on one call, and a small one.
 CASES = (
@@ -165,7 +166,7 @@ def case_report(
 ) -> list[str]:
     lines = [f"## {title}", ""]
     if plain:
-        lines += ["Without the profiler (medians of 200 calls): " + "; ".join(
+        lines += [f"Without the profiler (medians of {CALLS} calls): " + "; ".join(
             f"{who} host {host:.1f} us, device {device:.1f} us" for who, (host, device) in plain.items()
         ), ""]  # fmt: skip
     lines += [
@@ -231,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         title = f"{op} {batch}x{n} {dtype}"
         try:
             fns = calls(op, batch, n, dtype, torch)
-            body += case_report(title, trace(fns, torch), untraced(fns))
+            plain = untraced(fns)  # first: nothing of the profiler attached yet
+            body += case_report(title, trace(fns, torch), plain)
         except Exception as exc:  # one case's failure is reported, the others still run
             body += [f"## {title}", "", f"failed: {type(exc).__name__}: {exc}", ""]
         print(f"[trace-gpu] {title}", file=sys.stderr, flush=True)

@@ -398,7 +398,7 @@ def solve(A: Any, B: Any, *, left: bool = True, check_errors: bool = True) -> An
     _check_rhs(a.shape, b.shape, left, "A")
     out_batch = _out_batch(a.shape, b.shape, "A, B")
     fused = be.solve_fused(a, b, out_batch, left)
-    if fused is not None:  # small systems: factor and solve back to back (one kernel launch on the CPU, two on a GPU)
+    if fused is not None:  # factor and solve back to back (small systems; on a GPU, one system cuSOLVER solves too)
         X, info = fused
         if check_errors:
             _raise_if_singular(be, info, "solve")

@@ -15,7 +15,7 @@ from cupy_backends.cuda.libs import cublas, cusolver
 
 from lu_core._errors import ShapeError
 
-__all__ = ["INT32_MAX", "blas_handle", "check_int32", "cublas", "cusolver", "prefix", "solver_handle"]
+__all__ = ["INT32_MAX", "blas_handle", "check_int32", "cublas", "cusolver", "fits_int32", "prefix", "solver_handle"]
 
 #: The legacy cuBLAS / cuSOLVER API indexes a matrix with 32-bit integers.
 INT32_MAX = 2**31 - 1
@@ -46,6 +46,12 @@ def solver_handle() -> int:
     handle = cp.cuda.device.get_cusolver_handle()
     cusolver.setStream(handle, cp.cuda.get_current_stream().ptr)
     return handle
+
+
+def fits_int32(n: int, *cols: int) -> bool:
+    """Whether ``n x c`` matrices fit the 32-bit library API for each ``c`` of ``cols`` (:func:`check_int32`'s
+    test, for the short paths, which leave a refusal to the general path and its order of errors)."""
+    return all(n * c <= INT32_MAX for c in cols)
 
 
 def check_int32(argument: str, rows: int, cols: int) -> None:

@@ -5,7 +5,8 @@ Bases: LAPACK's 1-based pivots outside, 0-based inside our kernels.
 caller reads the check's flag after queueing the solve) and
 :func:`own_pivots` (pivots this library just produced: no check, no host
 synchronisation) are the two places that convert in; cuSOLVER and cuBLAS get
-``piv0 + 1`` where they are called. The exceptions: the small solve
+``piv0 + 1`` where they are called, or, on the short paths to cuSOLVER ``getrs`` (``_solve``), a
+checked 1-based copy (:func:`checked_later` with base 1) or ``getrf``'s own pivots. The exceptions: the small solve
 (``small_getrs``) and the small unpack (``unpack_direct``) read 1-based pivots
 themselves: the user's where ``_solve.solve_direct`` and ``_unpack.unpack_direct`` give them
 (range-checked in the kernel, the first bad one reported through :func:`no_bad_yet` /

@@ -10,7 +10,8 @@
 * the libraries' paths start with one ``gather_rhs`` launch that writes the right-hand
   sides as contiguous vectors (conjugated where needed and, for the trsm path of
   ``A X = B``, already permuted), then:
-* a single problem: cuSOLVER ``getrs``;
+* a single problem: cuSOLVER ``getrs`` (:func:`solve_direct` and :func:`solve_fused` go straight
+  to it through :func:`_getrs_one`, the same gather and call, without the general path's host work);
 * few right-hand sides and ``n`` up to ``_tuning.GETRS_BATCHED_MAX_N`` (0 since the H100's
   calibration: never): cuBLAS ``getrsBatched``;
 * otherwise: two cuBLAS ``trsmBatched`` calls (BLAS-3), plus ``scatter_rows``
@@ -108,8 +109,7 @@ def lu_solve(
     n = lu.shape[-1]
     nlu = math.prod(lu.shape[:-2])
     dt = lu.dtype
-    st = lu.reshape(nlu, n, n).swapaxes(1, 2)
-    s = st if st.flags.c_contiguous else cp.ascontiguousarray(st)  # column-major per matrix
+    s = _column_major(lu, nlu, n)
     complex_ = dt.kind == "c"
     if left:
         rhs = b.swapaxes(-1, -2)  # (*batch, nrhs, n): right-hand sides as rows
@@ -138,7 +138,8 @@ def lu_solve(
     perm = permutations(piv0, n) if trsm else None
     _gather(rhs, out_batch, w3, perm if op == _N else None, index, conj_io)
     if path == "getrs":
-        _getrs_cusolver(s, piv0, 0 if lu_index is None else int(lu_index[0]), w3, op)
+        f = 0 if lu_index is None else int(lu_index[0])
+        _getrs(s[f], piv0[f] + np.int32(1), w3, op)  # our 0-based -> LAPACK's 1-based, for the library only
     elif path == "getrsBatched":
         _getrs_batched(s, piv0, index, w3, op)
     else:
@@ -224,12 +225,14 @@ def solve_direct(LU: object, pivots: object, B: object) -> cp.ndarray | None:
       pivots as they are and range-checks them itself (no ``check_pivots`` launch, no converted copy);
     * one problem cuSOLVER solves (:func:`_direct_getrs`): a checked copy of the pivots, a copy of B,
       ``getrs``, the 8-byte flag read after the solve is queued;
-    * cuBLAS's batched paths: the general path's solve (:func:`lu_solve`) on the pivots ``check_pivots``
-      converts, its flag read after the solve is queued (not before, as the API's general path does).
+    * cuBLAS's batched paths: the general path's solve (:func:`lu_solve`) on the pivots
+      :func:`checked_later` converts, its flag read after the solve is queued (not before, as the API's
+      general path does).
 
-    Each raises as the general path would, and computes what it computes (the same kernels and library
-    calls on the same numbers; a bad pivot, read as the first row, never indexes out of bounds in the
-    meantime): the same bits. Anything else: None."""
+    Each raises as the general path would (a bad pivot first, whatever else fails), and computes what it
+    computes (the same kernels and library calls on the same numbers; a bad pivot, read as the first row,
+    never indexes out of bounds in the meantime): the same bits. Sizes the libraries' 32-bit API cannot
+    take, and anything else: None (the general path refuses them in its order)."""
     shape = direct_solve_shape(LU, pivots, B, cp.ndarray, _sources.DTYPES, _sources.INT32)
     if shape is None:
         return None
@@ -240,14 +243,18 @@ def solve_direct(LU: object, pivots: object, B: object) -> cp.ndarray | None:
     s = column_major_factors(LU)  # the factors as the kernel reads them
     if s is None or not pivots.flags.c_contiguous or pivots.device.id != device.id or B.device.id != device.id:
         return None
+    if path != "own" and not _libs.fits_int32(n, n, nrhs):
+        return None  # the general path refuses it, after the pivot check (its order of errors)
     if path == "getrs":
         with device:
             return _direct_getrs(s.reshape(n, n), pivots, B, batch)
     if path != "own":
         with device:
             piv0, first_bad = checked_later(pivots, n)
-            x = lu_solve(LU, piv0, B, None, batch, True, False)
-            raise_if_bad(first_bad, pivots, n)
+            try:
+                x = lu_solve(LU, piv0, B, None, batch, True, False)
+            finally:  # a bad pivot is reported first, as the general path checks before anything else
+                raise_if_bad(first_bad, pivots, n)
         return x
     with device:
         w = cp.empty((*batch, nrhs, n), dtype=dt)
@@ -271,20 +278,29 @@ def solve_direct(LU: object, pivots: object, B: object) -> cp.ndarray | None:
 
 def _direct_getrs(s: cp.ndarray, pivots: cp.ndarray, B: cp.ndarray, batch: tuple[int, ...]) -> cp.ndarray:
     """One problem through cuSOLVER ``getrs`` without the general path's host work: the user's pivots
-    range-checked into a 1-based int32 copy (``check_pivots`` with base 1: a bad one becomes row 1, so
-    the library never reads out of bounds), B copied into the column-major block ``getrs`` overwrites,
-    the solve queued, then the check's flag read and :class:`PivotError` raised as the general path's.
-    The general path gives ``getrs`` the same numbers (its ``gather_rhs`` copy of B, ``piv0 + 1``)."""
-    n = s.shape[-1]
-    nrhs = B.shape[-1]
-    _libs.check_int32("LU", n, n)
-    _libs.check_int32("B", n, nrhs)
-    piv1, first_bad = checked_later(pivots, n, base=1)
-    w = cp.empty((*batch, nrhs, n), dtype=s.dtype)  # X^T, C-ordered: each right-hand side contiguous
-    w[...] = B.swapaxes(-1, -2)
-    _getrs(s, piv1, w, _N)
-    raise_if_bad(first_bad, pivots, n)
-    return w.swapaxes(-1, -2)
+    range-checked into a 1-based int32 copy (:func:`checked_later` with base 1: a bad one becomes row 1,
+    so the library never reads out of bounds), then :func:`_getrs_one`, then the check's flag read and
+    :class:`PivotError` raised as the general path's. The general path gives ``getrs`` the same numbers
+    (``piv0 + 1``, the same ``gather_rhs`` copy of B)."""
+    piv1, first_bad = checked_later(pivots, s.shape[-1], base=1)
+    try:
+        return _getrs_one(s, piv1, B.swapaxes(-1, -2), batch, _N).swapaxes(-1, -2)
+    finally:  # a bad pivot is reported first, as the general path checks before anything else
+        raise_if_bad(first_bad, pivots, s.shape[-1])
+
+
+def _getrs_one(s: cp.ndarray, piv1: cp.ndarray, rhs: cp.ndarray, out_batch: tuple[int, ...], op: int) -> cp.ndarray:
+    """``op(A) X^T = rhs^T`` of one problem: ``rhs`` (``(*batch, nrhs, n)``, any strides, broadcast to
+    ``out_batch``) gathered by the general path's ``gather_rhs`` into a fresh ``(*out_batch, nrhs, n)``
+    block, solved there in place by cuSOLVER ``getrs`` with ``s`` (the factorization, column-major) and
+    its 1-based, in-range pivots ``piv1``. Returns the block."""
+    nrhs, n = rhs.shape[-2:]
+    w = cp.empty((*out_batch, nrhs, n), dtype=s.dtype)
+    w3 = w.reshape(1, nrhs, n)
+    spare, _ = placeholders(cp.cuda.runtime.getDevice())  # index 0: the only problem's factorization
+    _gather(rhs, out_batch, w3, None, spare, False)
+    _getrs(s, piv1, w3, op)
+    return w
 
 
 def solve_fused(
@@ -293,7 +309,7 @@ def solve_fused(
     """``solve(A, B)``'s ``(X, info)`` without the general path's host work, where our kernels both factor
     and solve (``n <= 32``): ``small_getrf``, then ``small_getrs`` on the 1-based pivots it wrote (always
     in range: no converted copy, no flag to read back), B read where it is; and for one system cuSOLVER
-    solves: ``lu_factor_ex``, a copy of B, ``getrs`` on the pivots ``getrf`` wrote. The general path's
+    solves: ``lu_factor_ex``, then :func:`_getrs_one` on the pivots ``getrf`` wrote. The general path's
     kernels and library calls on the same data: the same bits. None elsewhere (other dtypes, empty
     sizes, cuBLAS's batched paths)."""
     n = a.shape[-1]
@@ -306,27 +322,31 @@ def solve_fused(
         return None
     path = _tuning.solve_path(n, nprob, nrhs)
     if path == "getrs":
-        _libs.check_int32("B", n, nrhs)
+        if not _libs.fits_int32(n, n, nrhs):
+            return None  # the general path refuses it, A first (its order of errors)
         with a.device:
-            lu, piv, info = _factor.lu_factor_ex(a, True)  # (checks A's size for the library itself)
-            w = cp.empty((*out_batch, nrhs, n), dtype=dt)
-            w[...] = rhs
-            s = lu.reshape(n, n).swapaxes(0, 1)  # lu_factor_ex's storage: column-major, a view
-            s = s if s.flags.c_contiguous else cp.ascontiguousarray(s)  # (were it ever a copy: back to its layout)
-            _getrs(s, piv.reshape(n), w, _N if left else _T)
+            lu, piv, info = _factor.lu_factor_ex(a, True)
+            w = _getrs_one(_column_major(lu, 1, n), piv.reshape(n), rhs, out_batch, _N if left else _T)
         return (w.swapaxes(-1, -2) if left else w), info
     if path != "own" or not _tuning.own_kernel(n, n, dt):
         return None
     with a.device:
         lu, piv, info = _factor.lu_factor_ex(a, True)
-        s = lu.reshape(nb, n, n).swapaxes(1, 2)  # lu_factor_ex's storage: column-major per matrix, a view
-        s = s if s.flags.c_contiguous else cp.ascontiguousarray(s)  # (were it ever a copy: back to its layout)
+        s = _column_major(lu, nb, n)
         w = cp.empty((*out_batch, nrhs, n), dtype=dt)
         lu_at = _lu_at(None, batch, out_batch, nprob)
         _small(
             s, piv.reshape(nb, n), lu_at, rhs, out_batch, w.reshape(nprob, nrhs, n), _N if left else _T, one_based=True
         )
     return (w.swapaxes(-1, -2) if left else w), info
+
+
+def _column_major(lu: cp.ndarray, nb: int, n: int) -> cp.ndarray:
+    """``nb`` factorizations ``lu`` (``(*batch, n, n)``) as the kernels and libraries read them: each
+    column-major (its transpose C-ordered, ``(nb, n, n)``); a view of ``lu_factor_ex``'s storage, a copy
+    of any other layout."""
+    s = lu.reshape(nb, n, n).swapaxes(1, 2)
+    return s if s.flags.c_contiguous else cp.ascontiguousarray(s)
 
 
 def diagonal_info(lu: cp.ndarray) -> cp.ndarray:
@@ -358,13 +378,10 @@ def _pointers(s: cp.ndarray, index: cp.ndarray, w3: cp.ndarray) -> tuple[cp.ndar
     return a_ptrs, w_ptrs
 
 
-def _getrs_cusolver(s: cp.ndarray, piv0: cp.ndarray, f: int, w3: cp.ndarray, op: int) -> None:
-    _getrs(s[f], piv0[f] + np.int32(1), w3, op)  # our 0-based -> LAPACK's 1-based, for the library only
-
-
 def _getrs(lu: cp.ndarray, piv1: cp.ndarray, w: cp.ndarray, op: int) -> None:
     """cuSOLVER ``getrs`` of one factorization ``lu`` (column-major, i.e. its transpose C-ordered) and its
-    1-based pivots ``piv1`` (in range), in place on the right-hand sides ``w`` (``nrhs`` contiguous rows)."""
+    1-based pivots ``piv1`` (in range), in place on the right-hand sides ``w`` (``nrhs`` contiguous rows).
+    The one caller of the library's ``getrs``: the general path's and the direct and fused ones."""
     if not (lu.flags.c_contiguous and w.flags.c_contiguous and piv1.flags.c_contiguous):
         raise ValueError("getrs reads the factorization, pivots and right-hand sides as contiguous blocks")
     n = lu.shape[-1]

@@ -25,11 +25,11 @@ Peak device memory, relative to the input (``A`` or ``B``; ``LU`` for unpack):
   transposed trsm path adds one ``X``-sized buffer for the row permutation.
   A broadcast ``LU`` is never copied: problems point at it.
 
-Run on devices four times (an H200, then an H100; the latest, at 2ee2246:
-``bench/results/2026-11-27-gpu-proof-h100-run4``): every GPU test passed; slower than PyTorch
-CUDA on small calls, about even with it on large ones (see the README's GPU section). The
-kernels and paths added after it (``diagonal_info``, ``first_nonzero``, ``unpack_direct``) are
-unverified on a device.
+Run on devices five times (an H200, then an H100; the latest, at 37ae556 and after:
+``bench/results/2026-11-27-gpu-proof-h100-run5``): every GPU test passed; slower than PyTorch
+CUDA on small calls, about even with it on large ones (see the README's GPU section). The short
+paths to the libraries (``_solve.solve_direct`` / ``solve_fused`` past n = 32) ran their tests
+there; their last revision (``_getrs_one``'s gather, the error order) has not run on a device.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class GpuBackend:
         return None  # lu_factor_ex's path is already short: one launch, nothing sent up
 
     def solve_direct(self, LU: Any, pivots: Any, B: Any) -> cp.ndarray | None:
-        return _solve.solve_direct(LU, pivots, B)  # one launch where our kernel solves (see there)
+        return _solve.solve_direct(LU, pivots, B)  # our kernel, or the libraries without the general path's host work
 
     def lu_factor_ex(self, a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp.ndarray]:
         with a.device:
@@ -135,7 +135,7 @@ class GpuBackend:
     def solve_fused(
         self, a: cp.ndarray, b: cp.ndarray, out_batch: tuple[int, ...], left: bool
     ) -> tuple[cp.ndarray, cp.ndarray] | None:
-        return _solve.solve_fused(a, b, out_batch, left)  # our two kernels back to back where both serve
+        return _solve.solve_fused(a, b, out_batch, left)  # our two kernels back to back, or one system to getrs
 
     def pivots_to_permutation(self, piv0: cp.ndarray, m: int) -> cp.ndarray:
         with piv0.device:

@@ -9,7 +9,7 @@
 //
 // Pivot conventions: pivots arrive 1-based (LAPACK) and are range-checked and
 // converted to 0-based by check_pivots, on the device, before the other kernels
-// read them; unpack_direct (and small_lu.cu's small_getrs with its CHECKED flag)
+// read them (or copied, checked and still 1-based, for cuSOLVER); unpack_direct (and small_lu.cu's small_getrs with its CHECKED flag)
 // read the user's 1-based pivots themselves and range-check each before using it.
 // No kernel here indexes memory with an unchecked pivot.
 

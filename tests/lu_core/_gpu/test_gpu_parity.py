@@ -398,6 +398,26 @@ def test_the_direct_solve_checks_the_pivots_as_the_general_path_does(rng, monkey
         assert f"value {value} at index {where} is outside [1, 4]" in str(direct.value)
 
 
+def test_the_short_paths_leave_sizes_past_the_32_bit_api_to_the_general_path(rng, monkeypatch):
+    """A matrix the libraries' 32-bit API cannot index (the limit lowered here) takes the general path, so
+    its errors come in the general path's order: a bad pivot before the size, A's size in ``solve``."""
+    from lu_core._gpu import _libs
+
+    n = 40
+    A = cp.asarray(well_conditioned(rng, (n, n), np.float64))
+    B = cp.asarray(random_matrix(rng, (n, 3), np.float64))
+    LU, piv = lu_core.lu_factor(A)
+    monkeypatch.setattr(_libs, "INT32_MAX", n * n - 1)
+    bad = piv.copy()
+    bad[7] = n + 1
+    with pytest.raises(lu_core.PivotError, match=r"value 41 at index \(7,\)"):
+        lu_core.lu_solve(LU, bad, B)
+    with pytest.raises(lu_core.ShapeError, match="LU"):
+        lu_core.lu_solve(LU, piv, B)
+    with pytest.raises(lu_core.ShapeError, match="A"):
+        lu_core.solve(A, B)
+
+
 @pytest.mark.parametrize(("batch", "raiser"), [((), "_direct_getrs"), ((1,), "_direct_getrs"), ((3,), "solve_direct")])
 def test_the_direct_library_solve_checks_the_pivots_and_then_solves_on(rng, batch, raiser, monkeypatch):
     """Past n = 32 on the direct path, cuSOLVER ``getrs`` (one problem) or cuBLAS (more) read a checked copy
