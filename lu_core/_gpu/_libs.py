@@ -62,7 +62,7 @@ def check_int32(argument: str, rows: int, cols: int) -> None:
     (over 16 GiB in float64) is refused with a clear error instead of
     overflowing inside a library.
     """
-    if rows * cols > INT32_MAX:
+    if not fits_int32(rows, cols):
         raise ShapeError(
             argument,
             f"one {rows} x {cols} matrix has {rows * cols} elements, more than the 2^31 - 1 the GPU "

@@ -94,6 +94,16 @@ def test_annotations_are_read_from_a_real_profiler_trace(tmp_path):
     assert all(trace_gpu.summarize(events, w)["host us"] > 0 for w in found)
 
 
+@pytest.mark.parametrize("argv", [[], ["--out"], ["--seconds", "10"], ["--out", "x", "--cases", "1"]])
+def test_a_malformed_command_line_is_refused_with_usage(argv, capsys):
+    """A missing or valueless ``--out`` and an unknown option: exit 2 and argparse's message, nothing traced
+    (bad ``--seconds`` values: ``test_gpu_proof.py``'s budget test)."""
+    with pytest.raises(SystemExit) as exc:
+        trace_gpu.main(argv)
+    assert exc.value.code == 2
+    assert "usage: python -m bench.trace_gpu" in capsys.readouterr().err
+
+
 def test_without_a_device_it_says_so_and_exits_0(tmp_path, capsys):
     if trace_gpu.available() is None:
         pytest.skip("a GPU is visible")
