@@ -270,3 +270,53 @@ def test_float32_at_the_kernels_new_limit_matches_lapack_and_is_batch_invariant(
         assert np.array_equal(X, lu_core.lu_solve(LU, piv, B, left=left))  # it was the kernel's answer
     alone = [lu_core.lu_solve(LU[i], piv[i], B[i], left=left) for i in range(3)]
     assert all(np.array_equal(X[i], alone[i]) for i in range(3))
+
+
+def _getrs_skip_reference(LU: np.ndarray, piv0: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """LAPACK ``?getrs`` (no transpose) in plain Python, in its order, with ``?trsm``'s rule: an update
+    whose multiplier (the entry of X being eliminated) is zero is skipped, not computed."""
+    n = LU.shape[0]
+    X = B.copy()
+    for i in range(n):
+        X[[i, piv0[i]]] = X[[piv0[i], i]]
+    for j in range(n):
+        for i in range(j + 1, n):
+            for r in range(X.shape[1]):
+                if X[j, r] != 0:
+                    X[i, r] -= LU[i, j] * X[j, r]
+    for j in range(n - 1, -1, -1):
+        for r in range(X.shape[1]):
+            X[j, r] = X[j, r] / LU[j, j]
+        for i in range(j):
+            for r in range(X.shape[1]):
+                if X[j, r] != 0:
+                    X[i, r] -= LU[i, j] * X[j, r]
+    return X
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [6, 40])
+def test_solve_kernel_skips_updates_by_zeros_bit_for_bit(rng, dtype, n):
+    """The solve kernel's loop over many right-hand sides subtracts an exact zero where LAPACK skips an
+    update (no branch, so it vectorizes under AVX2): the same bits as the skip, signed zeros kept, and an
+    infinite entry of L or U met only by zeros leaves X finite (no ``0 * inf``)."""
+    A = well_conditioned(rng, (n, n), dtype)
+    LU, piv = lu_core.lu_factor(A)
+    LU = LU.copy()
+    LU[4, 2] = np.inf  # an entry of L, multiplying X[2]
+    LU[1, 3] = -np.inf  # an entry of U, multiplying X[3]
+    B = random_matrix(rng, (n, 9), dtype)
+    piv0 = piv - 1
+    P = np.arange(n)
+    for i in range(n):
+        P[[i, piv0[i]]] = P[[piv0[i], i]]
+    B[:, :4] = 0  # columns whose X[2] and X[3] stay zero through both sweeps, so every infinity meets a zero
+    B[P[0], 2] = -0.0  # a signed zero that must stay negative
+    B[P[5], 3] = -0.0
+    with np.errstate(all="ignore"):
+        X = lu_core.lu_solve(LU, piv, B)
+        ref = _getrs_skip_reference(LU, piv0, B)
+    assert X.tobytes() == ref.tobytes()
+    assert np.isfinite(X[:, :4]).all()
+    if not np.iscomplexobj(X):  # (a complex division may turn -0 into +0, in the reference too)
+        assert np.signbit(X[0, 2]) and np.signbit(X[5, 3])
