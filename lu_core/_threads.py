@@ -12,6 +12,7 @@ a library must not slow its neighbours. Set it in the environment where that tra
 from __future__ import annotations
 
 import os
+import warnings
 
 # Numba's OpenMP threading layer (GNU libgomp) keeps its threads spinning after each
 # parallel region by default. Measured on 2 cores: the spinning threads slow the
@@ -22,5 +23,40 @@ import os
 # the policy (8.0 ms again with torch imported, 3.3 ms with both). They must be set
 # before libgomp starts (first parallel kernel, or torch's import); values the user
 # set win. They apply to every GNU OpenMP user in the process, PyTorch included.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("GOMP_SPINCOUNT", "0")
+_SETTINGS = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "0"}
+
+
+def started_openmp(maps: str = "/proc/self/maps") -> str | None:
+    """The file of a GNU OpenMP runtime already mapped into this process (it read its settings from
+    the environment when it was loaded), or None: none, or no ``/proc`` to tell (not Linux)."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)  # address perms offset dev inode [path]
+                path = fields[5].strip() if len(fields) > 5 else ""
+                if "/libgomp" in path:
+                    return path
+    except OSError:
+        return None
+    return None
+
+
+def _apply() -> None:
+    unset = [name for name in _SETTINGS if name not in os.environ]
+    if not unset:
+        return
+    started = started_openmp()
+    if started is not None:  # too late for them: say so once, at import, with the remedy
+        warnings.warn(
+            f"lu_core: a GNU OpenMP runtime ({started}) started before lu_core was imported (by "
+            f"torch, for one), so {' and '.join(f'{n}={_SETTINGS[n]}' for n in unset)} cannot reach it: "
+            "its threads spin after each parallel kernel and slow the CPU path's next LAPACK call up to "
+            "3x (n = 512). Import lu_core first, or set them in the environment.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    for name in unset:
+        os.environ[name] = _SETTINGS[name]
+
+
+_apply()
