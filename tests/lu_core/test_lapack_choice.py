@@ -1,7 +1,7 @@
 """The per-matrix LAPACK path on each LAPACK it can call (``LU_CORE_LAPACK``: MKL, SciPy's OpenBLAS).
 
-The rest of the suite runs on the one the process picks (MKL where the ``mkl`` wheel is installed,
-as ``make test`` installs it); here every LAPACK-path operation runs on both, forced onto LAPACK
+The rest of the suite runs on the one the process picks (MKL on an Intel CPU where the ``mkl`` wheel
+is installed, as ``make test`` installs it; SciPy's on other CPUs); here every LAPACK-path operation runs on both, forced onto LAPACK
 at every size, and must agree: same pivots, the same answers within rounding, the same ``info`` for
 singular matrices, and on each of them a matrix gets the same bits alone as inside a batch,
 pooled (one thread per call) and threaded.
@@ -68,6 +68,7 @@ def test_choice_names_and_refusals(monkeypatch):
 
 @needs_mkl
 def test_auto_takes_mkl_where_installed_and_the_process_keeps_its_choice(monkeypatch):
+    monkeypatch.setattr(_lapack, "cpu_vendor", lambda: _lapack.INTEL)
     chosen = _lapack.choose("auto")
     assert isinstance(chosen, _lapack.MklLapack)
     assert chosen.name.startswith("MKL (Intel(R) oneAPI Math Kernel Library")
@@ -80,7 +81,34 @@ def test_auto_takes_mkl_where_installed_and_the_process_keeps_its_choice(monkeyp
     assert _lapack.lapack() is first and isinstance(first, _lapack.MklLapack)
 
 
+@needs_mkl
+@pytest.mark.parametrize("vendor", ["AuthenticAMD", "HygonGenuine", "CentaurHauls"])
+def test_auto_passes_mkl_over_on_other_vendors_cpus_and_mkl_still_takes_it(monkeypatch, caplog, vendor):
+    """MKL runs slower than OpenBLAS on AMD's CPUs (``_lapack``'s docstring has the numbers): ``auto`` keeps
+    SciPy's there without loading MKL, says why in the log, and ``LU_CORE_LAPACK=mkl`` still gets MKL."""
+    monkeypatch.setattr(_lapack, "cpu_vendor", lambda: vendor)
+    monkeypatch.setattr(_mkl, "load", lambda: pytest.fail("auto loaded MKL on a non-Intel CPU"))
+    with caplog.at_level(logging.INFO, logger="lu_core._cpu._lapack"):
+        assert type(_lapack.choose("auto")) is _lapack.Lapack
+    assert f"on a {vendor} CPU: SciPy's LAPACK, not MKL" in caplog.text
+    monkeypatch.undo()
+    monkeypatch.setattr(_lapack, "cpu_vendor", lambda: vendor)
+    assert isinstance(_lapack.choose("mkl"), _lapack.MklLapack)
+
+
+def test_the_cpu_vendor_is_read_from_cpuinfo(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n")
+    assert _lapack.cpu_vendor(str(info)) == "AuthenticAMD"
+    info.write_text("processor\t: 0\nmodel name\t: ARMv8\n")  # no vendor line (an arm64 kernel)
+    assert _lapack.cpu_vendor(str(info)) is None
+    assert _lapack.cpu_vendor(str(tmp_path / "absent")) is None
+    assert _lapack.cpu_vendor() in (None, "GenuineIntel", "AuthenticAMD", "HygonGenuine", "CentaurHauls")
+
+
 def test_an_mkl_that_does_not_load_is_passed_over_by_auto_and_refused_by_mkl(monkeypatch, caplog):
+    monkeypatch.setattr(_lapack, "cpu_vendor", lambda: _lapack.INTEL)
+
     def broken():
         raise RuntimeError("libmkl_core is missing beside libmkl_rt.so.3 (an incomplete MKL install)")
 
@@ -113,7 +141,7 @@ def test_an_incomplete_mkl_is_refused_before_it_is_loaded(tmp_path, monkeypatch,
     with caplog.at_level(logging.WARNING, logger="lu_core._cpu._mkl"):
         mkl = _mkl.Mkl(install("no-intel-layer", "libmkl_intel_thread"))  # the process's MKL, by another link
     assert "MKL_THREADING_LAYER=INTEL is not available here" in caplog.text
-    assert mkl.threading_layer == _lapack.lapack().mkl.threading_layer == "GNU"
+    assert mkl.threading_layer == _mkl.load().threading_layer == "GNU"
 
 
 def test_dimensions_past_32_bits_and_refused_arguments_are_named_errors():
