@@ -28,7 +28,8 @@ COPY deploy/constraints.txt /tmp/constraints.txt
 RUN sed '/^cupy-/d' /tmp/constraints.txt > /tmp/requirements.txt \
     && pip install --no-deps --requirement /tmp/requirements.txt
 
-# Intel MKL for the cpu target's large matrices (lu_core/_cpu/_mkl.py; the gpu target's CPU fallback
+# Intel MKL for the cpu target's large matrices on Intel hosts (lu_core/_cpu/_mkl.py; LU_CORE_LAPACK=auto keeps
+# OpenBLAS on other vendors' CPUs, where MKL measured slower; the gpu target's CPU fallback
 # keeps SciPy's OpenBLAS). Without its intel-openmp and tbb dependencies: MKL runs on the GNU OpenMP
 # layer, Numba's (libgomp1, installed in the runtime stage). Without the libraries lu_core never loads
 # (ScaLAPACK, BLACS, cluster FFT, vector math, the 64-bit-integer interface, Intel's and TBB's threading

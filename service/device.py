@@ -409,8 +409,8 @@ class Launched:
 
 class CpuDevice(Device):
     """The CPU: ``lu_core``'s NumPy backend. Large matrices go to the LAPACK that ``LU_CORE_LAPACK``
-    picks (``lu_core._cpu._lapack``: MKL where its wheel is installed), chosen here, at start-up,
-    so that a bad value stops the service (exit 2) instead of failing its first large request."""
+    picks (``lu_core._cpu._lapack``: MKL on an Intel CPU where its wheel is installed), chosen here, at
+    start-up, so that a bad value stops the service (exit 2) instead of failing its first large request."""
 
     def __init__(self, note: str | None = None, **kwargs: Any) -> None:
         super().__init__(note, **kwargs)

@@ -224,10 +224,13 @@ def _getrs(a, p, x, trans):
     For every right-hand side the operations are LAPACK ``?getrs``'s, in its
     order: a zero entry of the vector being eliminated skips its update (as
     ``?trsm`` does), so an infinite entry of ``LU`` meets no ``0 * inf``. The skip
-    subtracts an exact zero instead of branching (``x - 0 == x`` bit for bit, ``-0``
-    included), so the loop over the right-hand sides has no conditional store and
-    vectorizes under AVX2 too (a branch there kept it scalar on AMD EPYC: 4-5x slower
-    at n = 96-128 with 64 right-hand sides; AVX-512's masked stores had hidden it).
+    subtracts an exact zero instead (``x - 0 == x`` bit for bit, ``-0`` included, in
+    round-to-nearest without flush-to-zero, NumPy's and Numba's mode), a select rather
+    than a branch, so the loop over the right-hand sides stores unconditionally and
+    vectorizes under AVX2 too: the branch's conditional store kept it scalar on an AMD
+    EPYC without AVX-512 (4-5x slower at n = 96-128 with 64 right-hand sides), where the
+    Intel Xeon's AVX-512 masked stores had vectorized it. (Selecting the old value,
+    ``xi[r] = xi[r] - f * v if v != 0 else xi[r]``, stayed scalar: measured.)
     """
     n, nrhs = x.shape
     if trans == 0:

@@ -192,9 +192,13 @@ def choose(choice: str) -> Lapack:
         raise ValueError(f"LU_CORE_LAPACK must be one of {', '.join(CHOICES)}, not {choice[:40]!r}")
     if choice == "scipy":
         return Lapack()
-    if choice == "auto" and cpu_vendor() not in (None, INTEL):
-        log.info("LU_CORE_LAPACK=auto on a %s CPU: SciPy's LAPACK, not MKL (slower there)", cpu_vendor())
-        return Lapack()
+    if choice == "auto":
+        vendor = cpu_vendor()
+        if not auto_takes_mkl(vendor):
+            if _mkl.library_path() is not None:
+                log.info("LU_CORE_LAPACK=auto: SciPy's LAPACK, not the installed MKL (slower off Intel's CPUs; "
+                         "this one is %s); LU_CORE_LAPACK=mkl takes it", vendor)  # fmt: skip
+            return Lapack()
     try:
         mkl = _mkl.load()
     except (OSError, AttributeError, RuntimeError) as exc:
@@ -223,6 +227,12 @@ def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str | None:
     except OSError:
         return None
     return None
+
+
+def auto_takes_mkl(vendor: str | None) -> bool:
+    """Whether ``LU_CORE_LAPACK=auto`` takes an installed MKL on a CPU of this vendor (:func:`cpu_vendor`):
+    on Intel's, and where no vendor is named (no ``/proc/cpuinfo``)."""
+    return vendor in (None, INTEL)
 
 
 def _scipy_lapack() -> str:

@@ -18,7 +18,7 @@ update loops were made vectorizable:
 A single matrix (batch 1, serial kernel against one LAPACK call) gives the
 same picture: the kernel wins to n = 96 (0.6x) and loses from 128 (1.4x).
 
-These crossovers were measured against SciPy's OpenBLAS. MKL (``_mkl``, used where installed) is
+These crossovers were measured against SciPy's OpenBLAS. MKL (``_mkl``, used on Intel CPUs where installed) is
 as fast as OpenBLAS at n = 128 (one 128 x 128 ``getrf``: 0.084-0.088 ms against 0.090-0.096, 2-vCPU
 Intel Xeon, 2026-11-27) and pulls ahead from n = 256, past every kernel/LAPACK crossover below, so
 they stand for both; ``bench.calibrate_cpu`` measures whichever LAPACK the process chose.
@@ -71,7 +71,14 @@ SOLVE_KERNEL_REAL_MAX_N = 96
 #: float32 at n = 112 and 128 0.53-1.03 over batch 1 and 100 and 16 to 512 right-hand sides
 #: (mostly 0.6-0.9), float64 0.63-1.23 at batch 1 but 0.96-1.49 at batch 100 (kept at 96). In the
 #: core grid's harness, 64 right-hand sides at n = 128, float32: 1x128 0.26-0.32 -> 0.16-0.17 ms,
-#: 100x128 11.1-11.4 -> 9.2-9.3 ms. (AMD EPYC, 2026-11-25, both dtypes: 0.69-1.11 at 128.)
+#: 100x128 11.1-11.4 -> 9.2-9.3 ms. (AMD EPYC, 2026-11-25, both dtypes: 0.69-1.11 at 128.) On an AMD
+#: EPYC without AVX-512 (2026-11-27, after the kernel's skip became a select and vectorized there, one
+#: round each): against MKL, float32 0.68-0.81 at 128 over 64-4096 right-hand sides (batch 1), 0.65-0.70
+#: (batch 100), float64 0.85-1.22 at 96; against OpenBLAS, which is 1.2-3.5x faster than MKL there (the
+#: LAPACK auto takes on AMD), 64 right-hand sides: float32 0.64 at 96 and 0.94 at 128 (batch 1), 0.87
+#: and 1.72 (batch 100), float64 0.89 at 96 (batch 1), 1.34 (batch 100), but 1.1-2.2 from 256
+#: right-hand sides at n = 64-128: there the work bound below would sit near 16 * 1024. Left as measured
+#: on Intel (an open problem: a bound per vector width or per LAPACK is not measured enough to set).
 SOLVE_KERNEL_FLOAT32_MAX_N = 128
 
 #: ... while ``n * nrhs`` stays at or below this: with thousands of right-hand sides

@@ -58,7 +58,8 @@ def test_choice_names_and_refusals(monkeypatch):
     with pytest.raises(ValueError, match="LU_CORE_LAPACK") as info:
         _lapack.choose("x" * 10_000)
     assert len(str(info.value)) < 120  # the value is cut, not echoed in full
-    monkeypatch.setattr(_mkl, "library_path", lambda: None)  # as without the wheel
+    monkeypatch.setattr(_lapack, "cpu_vendor", lambda: _lapack.INTEL)  # where auto would take MKL ...
+    monkeypatch.setattr(_mkl, "library_path", lambda: None)  # ... but as without the wheel
     monkeypatch.setattr(_mkl, "_loaded", None)
     assert type(_lapack.choose("auto")) is _lapack.Lapack
     assert type(_lapack.choose("")) is _lapack.Lapack
@@ -90,13 +91,23 @@ def test_auto_passes_mkl_over_on_other_vendors_cpus_and_mkl_still_takes_it(monke
     monkeypatch.setattr(_mkl, "load", lambda: pytest.fail("auto loaded MKL on a non-Intel CPU"))
     with caplog.at_level(logging.INFO, logger="lu_core._cpu._lapack"):
         assert type(_lapack.choose("auto")) is _lapack.Lapack
-    assert f"on a {vendor} CPU: SciPy's LAPACK, not MKL" in caplog.text
+    assert f"SciPy's LAPACK, not the installed MKL (slower off Intel's CPUs; this one is {vendor})" in caplog.text
     monkeypatch.undo()
     monkeypatch.setattr(_lapack, "cpu_vendor", lambda: vendor)
     assert isinstance(_lapack.choose("mkl"), _lapack.MklLapack)
 
 
+def test_auto_says_nothing_of_mkl_where_it_is_not_installed(monkeypatch, caplog):
+    monkeypatch.setattr(_lapack, "cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(_mkl, "library_path", lambda: None)
+    with caplog.at_level(logging.INFO, logger="lu_core._cpu._lapack"):
+        assert type(_lapack.choose("auto")) is _lapack.Lapack
+    assert "MKL" not in caplog.text
+
+
 def test_the_cpu_vendor_is_read_from_cpuinfo(tmp_path):
+    assert _lapack.auto_takes_mkl(_lapack.INTEL) and _lapack.auto_takes_mkl(None)
+    assert not _lapack.auto_takes_mkl("AuthenticAMD")
     info = tmp_path / "cpuinfo"
     info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n")
     assert _lapack.cpu_vendor(str(info)) == "AuthenticAMD"

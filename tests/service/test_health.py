@@ -201,7 +201,7 @@ def test_the_cpu_names_its_lapack_and_a_bad_choice_stops_the_start(monkeypatch, 
         cpu = select_device(Settings(device="cpu"))
     from lu_core._cpu import _mkl
 
-    on_mkl = _mkl.library_path() is not None and _lapack.cpu_vendor() == _lapack.INTEL  # auto's rule
+    on_mkl = _mkl.library_path() is not None and _lapack.auto_takes_mkl(_lapack.cpu_vendor())
     assert cpu.describe()["lapack"].startswith("MKL (" if on_mkl else "SciPy (")
     assert f"LAPACK: {cpu.describe()['lapack']}" in caplog.text
     monkeypatch.setattr(_lapack, "_chosen", None)  # chosen afresh, as in a new process
