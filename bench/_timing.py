@@ -88,6 +88,27 @@ def interleaved(
     return out
 
 
+def _cpu(cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The first CPU's model name, family and model, and widest vector ISA: ``AMD EPYC (family 25, model 1;
+    AVX2, no AVX-512)``. One name covers several generations on cloud VMs ("AMD EPYC"), and the kernels
+    compile for the CPU they run on, so the vector width decides some crossovers (``_tuning``)."""
+    fields: dict[str, str] = {}
+    try:
+        with open(cpuinfo) as fh:
+            for line in fh:
+                if not line.strip():
+                    break  # the first processor's block only
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        return None
+    if "model name" not in fields:
+        return None
+    flags = set(fields.get("flags", "").split())
+    isa = "AVX-512" if "avx512f" in flags else "AVX2, no AVX-512" if "avx2" in flags else "no AVX2"
+    return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')}; {isa})"
+
+
 def machine() -> dict[str, str]:
     import numba
     import numpy
@@ -100,14 +121,9 @@ def machine() -> dict[str, str]:
         "scipy": scipy.__version__,
         "numba": numba.__version__,
     }
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    facts["cpu"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = _cpu()
+    if cpu:
+        facts["cpu"] = cpu
     try:
         import torch
 

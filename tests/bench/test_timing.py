@@ -32,3 +32,20 @@ def test_rounds_rotate_and_settle_waits_after_the_named_contender_only():
             assert gap >= 0.6, f"no wait after a (call {i})"
         else:
             assert gap < 0.3, f"a wait where none was asked (call {i}: after {names[i - 1]})"
+
+
+def test_reports_name_the_first_cpus_model_and_vector_width(tmp_path):
+    from bench._timing import _cpu
+
+    def info(name: str, flags: str) -> str:
+        block = f"processor\t: 0\nvendor_id\t: X\ncpu family\t: 25\nmodel\t\t: 1\nmodel name\t: {name}\nflags\t\t: {flags}\n"
+        path = tmp_path / name.replace(" ", "_")
+        path.write_text(block + "\n" + block.replace("processor\t: 0", "processor\t: 1").replace(name, "other"))
+        return str(path)
+
+    assert _cpu(info("AMD EPYC", "fpu sse2 avx avx2 fma")) == "AMD EPYC (family 25, model 1; AVX2, no AVX-512)"
+    assert _cpu(info("Intel Xeon", "avx2 avx512f avx512bw")) == "Intel Xeon (family 25, model 1; AVX-512)"
+    assert _cpu(info("Old", "sse2 avx")) == "Old (family 25, model 1; no AVX2)"
+    assert _cpu(str(tmp_path / "missing")) is None
+    (tmp_path / "bare").write_text("processor\t: 0\nflags\t: avx2\n")
+    assert _cpu(str(tmp_path / "bare")) is None  # no model name (some ARM kernels): left out of the report
