@@ -28,8 +28,8 @@ def _set(factor: int, solve: int, work: int, unpack: int) -> None:
     _tuning.SOLVE_KERNEL_MAX_N = solve
     _tuning.SOLVE_KERNEL_MAX_WORK = work
     _tuning.SOLVE_KERNEL_ALWAYS_N = min(solve, 16)
-    _tuning.SOLVE_KERNEL_REAL_MAX_N = _tuning.SOLVE_KERNEL_FLOAT32_MAX_N = solve
-    _tuning.SOLVE_KERNEL_REAL_MAX_WORK = work
+    _tuning.SOLVE_KERNEL_REAL_MAX_N = _tuning.SOLVE_KERNEL_FLOAT32_MAX_N = _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N = solve
+    _tuning.SOLVE_KERNEL_REAL_MAX_WORK = _tuning.SOLVE_KERNEL_OPENBLAS_MAX_WORK = work
     _tuning.UNPACK_FUSED_MAX_N = unpack
 
 
@@ -131,13 +131,14 @@ def _factor_dtypes(rng: np.random.Generator) -> None:
 def _many_rhs(rng: np.random.Generator) -> None:
     """Kernel / LAPACK solve time for real dtypes with many right-hand sides (one system): where
     ``_tuning.SOLVE_KERNEL_REAL_MAX_N`` (float64), ``SOLVE_KERNEL_FLOAT32_MAX_N`` and
-    ``SOLVE_KERNEL_REAL_MAX_WORK`` go (batch 1 only: the float32 limit also rests on batch 100,
-    measured by a one-off sweep, ``_tuning``'s docstring)."""
-    saved = (_tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_FLOAT32_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK)
+    ``SOLVE_KERNEL_REAL_MAX_WORK`` go on MKL, ``SOLVE_KERNEL_OPENBLAS_*`` on OpenBLAS (batch 1 only:
+    the limits also rest on batch 100, measured by one-off sweeps, ``_tuning``'s docstring)."""
+    names = ("REAL_MAX_N", "FLOAT32_MAX_N", "OPENBLAS_MAX_N", "REAL_MAX_WORK", "OPENBLAS_MAX_WORK")
+    saved = [getattr(_tuning, f"SOLVE_KERNEL_{name}") for name in names]
 
     def with_real(n_max: int, work: int, fn):
-        _tuning.SOLVE_KERNEL_REAL_MAX_N = _tuning.SOLVE_KERNEL_FLOAT32_MAX_N = n_max
-        _tuning.SOLVE_KERNEL_REAL_MAX_WORK = work
+        for name in names:
+            setattr(_tuning, f"SOLVE_KERNEL_{name}", work if name.endswith("WORK") else n_max)
         return fn()
 
     counts = (8, 64, 256, 1024, 4096)
@@ -162,7 +163,8 @@ def _many_rhs(rng: np.random.Generator) -> None:
                     ratios.append(t["k"].median / t["l"].median)
                 print(f"| {np.dtype(dtype).name} | {n} | " + " | ".join(f"{r:.2f}" for r in ratios) + " |", flush=True)
     finally:
-        _tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_FLOAT32_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK = saved
+        for name, value in zip(names, saved, strict=True):
+            setattr(_tuning, f"SOLVE_KERNEL_{name}", value)
     print("\nKernel / LAPACK time for one system: below 1 the kernel is faster.", file=sys.stderr)
 
 
@@ -174,7 +176,13 @@ def main() -> int:
         _tuning.UNPACK_FUSED_MAX_N,
     )
     always = _tuning.SOLVE_KERNEL_ALWAYS_N
-    real = (_tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_FLOAT32_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK)
+    real = (
+        _tuning.SOLVE_KERNEL_REAL_MAX_N,
+        _tuning.SOLVE_KERNEL_FLOAT32_MAX_N,
+        _tuning.SOLVE_KERNEL_REAL_MAX_WORK,
+        _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N,
+        _tuning.SOLVE_KERNEL_OPENBLAS_MAX_WORK,
+    )
     rng = np.random.default_rng(0)
     print("| n | batch | factor kernel/LAPACK | solve nrhs=1 kernel/LAPACK | solve nrhs=n kernel/LAPACK |")
     print("|---:|---:|---:|---:|---:|")
@@ -185,7 +193,13 @@ def main() -> int:
     finally:
         _set(*saved)
         _tuning.SOLVE_KERNEL_ALWAYS_N = always
-        _tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_FLOAT32_MAX_N, _tuning.SOLVE_KERNEL_REAL_MAX_WORK = real
+        (
+            _tuning.SOLVE_KERNEL_REAL_MAX_N,
+            _tuning.SOLVE_KERNEL_FLOAT32_MAX_N,
+            _tuning.SOLVE_KERNEL_REAL_MAX_WORK,
+            _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N,
+            _tuning.SOLVE_KERNEL_OPENBLAS_MAX_WORK,
+        ) = real
     print("\nBelow 1: the batched kernel is faster at that size.", file=sys.stderr)
     _factor_dtypes(rng)
     _many_rhs(rng)

@@ -77,9 +77,24 @@ SOLVE_KERNEL_REAL_MAX_N = 96
 #: (batch 100), float64 0.85-1.22 at 96; against OpenBLAS, which is 1.2-3.5x faster than MKL there (the
 #: LAPACK auto takes on AMD), 64 right-hand sides: float32 0.64 at 96 and 0.94 at 128 (batch 1), 0.87
 #: and 1.72 (batch 100), float64 0.89 at 96 (batch 1), 1.34 (batch 100), but 1.1-2.2 from 256
-#: right-hand sides at n = 64-128: there the work bound below would sit near 16 * 1024. Left as measured
-#: on Intel (an open problem: a bound per vector width or per LAPACK is not measured enough to set).
+#: right-hand sides at n = 64-128. These limits hold where the LAPACK is MKL; on OpenBLAS the ones below.
 SOLVE_KERNEL_FLOAT32_MAX_N = 128
+
+#: Where the LAPACK is SciPy's OpenBLAS (``LU_CORE_LAPACK=auto`` off Intel's CPUs, or ``scipy``), whose
+#: ``getrs`` is faster than MKL's on those CPUs, real systems go to the kernel (past the small limits above)
+#: only up to this ``n`` ... Kernel / LAPACK time on a 2-vCPU AMD EPYC (Zen 3, AVX2, no AVX-512),
+#: 2026-11-28, the core grid's harness, two sweeps, batch 1 and 100, 8 to 512 right-hand sides:
+#: n = 32 0.15-0.86 throughout; n = 64 0.41-0.85 to 128 right-hand sides at batch 1 and 0.64-1.46 at
+#: batch 100 (above 1.1 only float32 with 8 and 16), 1.05-1.55 from 256; n = 96 0.55-1.00 to 64 at batch 1,
+#: 0.76-1.97 at batch 100 (float32 with 8 to 32 and float64 with 64 above 1.1), 1.09-2.30 from 128;
+#: n = 128 float32 0.91-1.54 from 8 right-hand sides at batch 1, 1.02-2.62 at batch 100.
+SOLVE_KERNEL_OPENBLAS_MAX_N = 96
+
+#: ... while ``n * nrhs`` stays at or below this (96 x 64, 64 x 128) ...
+SOLVE_KERNEL_OPENBLAS_MAX_WORK = 8 * 1024
+
+#: ... except up to this ``n``, where ``SOLVE_KERNEL_REAL_MAX_WORK`` holds as on MKL.
+SOLVE_KERNEL_OPENBLAS_WIDE_N = 32
 
 #: ... while ``n * nrhs`` stays at or below this: with thousands of right-hand sides
 #: LAPACK's BLAS-3 ``trsm`` catches up (batch 1, float64: 0.63-0.88 at n = 96 with 512

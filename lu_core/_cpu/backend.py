@@ -98,17 +98,20 @@ def _kernel_factor(
 
 def _solve_by_kernel(n: int, nrhs: int, dtype: np.dtype) -> bool:
     """Whether ``n x n`` systems with ``nrhs`` right-hand sides are solved by the batched kernel
-    (else LAPACK ``getrs``): from the size and dtype only, never the batch, so that a system
-    gets the same bits alone and in any batch (``_tuning`` has the measurements)."""
-    return (
-        n <= _tuning.SOLVE_KERNEL_ALWAYS_N
-        or (n <= _tuning.SOLVE_KERNEL_MAX_N and n * nrhs <= _tuning.SOLVE_KERNEL_MAX_WORK)
-        or (
-            dtype.kind != "c"
-            and n <= (_tuning.SOLVE_KERNEL_FLOAT32_MAX_N if dtype == np.float32 else _tuning.SOLVE_KERNEL_REAL_MAX_N)
-            and n * nrhs <= _tuning.SOLVE_KERNEL_REAL_MAX_WORK
-        )
-    )
+    (else LAPACK ``getrs``): from the size, the dtype and the process's LAPACK only, never the batch,
+    so that a system gets the same bits alone and in any batch (``_tuning`` has the measurements)."""
+    if n <= _tuning.SOLVE_KERNEL_ALWAYS_N:
+        return True
+    if n <= _tuning.SOLVE_KERNEL_MAX_N and n * nrhs <= _tuning.SOLVE_KERNEL_MAX_WORK:
+        return True
+    if dtype.kind == "c":
+        return False
+    if n <= _tuning.SOLVE_KERNEL_OPENBLAS_WIDE_N:  # the same on either LAPACK (decided without choosing one)
+        return n * nrhs <= _tuning.SOLVE_KERNEL_REAL_MAX_WORK
+    if not isinstance(_lapack.lapack(), _lapack.MklLapack):  # SciPy's OpenBLAS: its own limits
+        return n <= _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N and n * nrhs <= _tuning.SOLVE_KERNEL_OPENBLAS_MAX_WORK
+    max_n = _tuning.SOLVE_KERNEL_FLOAT32_MAX_N if dtype == np.float32 else _tuning.SOLVE_KERNEL_REAL_MAX_N
+    return n <= max_n and n * nrhs <= _tuning.SOLVE_KERNEL_REAL_MAX_WORK
 
 
 class CpuBackend:
@@ -151,7 +154,7 @@ class CpuBackend:
         return piv0
 
     def own_pivots(self, pivots: np.ndarray) -> np.ndarray:
-        nb = int(np.prod(pivots.shape[:-1]))
+        nb = math.prod(pivots.shape[:-1])
         # A C-ordered copy: the caller's stay 1-based, and a broadcast input (identity pivots) would
         # otherwise come out Fortran-ordered, a layout the kernels would be compiled for again.
         piv0 = pivots.reshape(nb, pivots.shape[-1]).astype(np.int32, order="C")

@@ -44,6 +44,10 @@ SIZES = sorted(
         _tuning.SOLVE_KERNEL_REAL_MAX_N + 1,
         _tuning.SOLVE_KERNEL_FLOAT32_MAX_N,
         _tuning.SOLVE_KERNEL_FLOAT32_MAX_N + 1,
+        _tuning.SOLVE_KERNEL_OPENBLAS_WIDE_N,
+        _tuning.SOLVE_KERNEL_OPENBLAS_WIDE_N + 1,
+        _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N,
+        _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N + 1,
         _tuning.LAPACK_POOL_MAX_N + 1,
     }
 )
@@ -175,8 +179,8 @@ def test_nonfinite_entries_keep_bits_alone_and_batched(rng):
         }
     ),
 )
-# 5 right-hand sides: the kernel for any dtype (n * nrhs <= 768); 64: the kernel for float64 n <= 96 and float32
-# n <= 128 (SOLVE_KERNEL_REAL_MAX_N, SOLVE_KERNEL_FLOAT32_MAX_N), else getrs.
+# 5 right-hand sides: the kernel for any dtype (n * nrhs <= 768); 64: the kernel for real n <= 96 and, beside MKL,
+# float32 n <= 128 (SOLVE_KERNEL_REAL_MAX_N, SOLVE_KERNEL_FLOAT32_MAX_N, SOLVE_KERNEL_OPENBLAS_*), else getrs.
 @pytest.mark.parametrize("nrhs", [5, 64])
 def test_solve_equals_factor_then_solve(rng, dtype, n, nrhs):
     """``solve`` gives the bits of ``lu_factor`` then ``lu_solve``, for matrices and vectors, ``left`` both

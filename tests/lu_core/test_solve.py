@@ -238,36 +238,65 @@ def test_singular_factorization_solves_to_nonfinite_without_raising(dtype, n):
         assert not np.isfinite(X).all()
 
 
-def test_which_real_systems_the_solve_kernel_takes():
-    """The kernel/LAPACK split of real solves (``_tuning``): float32 to n = 128, float64 to 96, complex
-    only to the small limits, each under the same work bound; by size and dtype alone, never the batch."""
+@pytest.fixture(params=["mkl", "scipy"])
+def lapack(request, monkeypatch):
+    """Each LAPACK the CPU backend may run on, as the process's choice for the test."""
+    from lu_core._cpu import _lapack, _mkl
+
+    if request.param == "mkl" and _mkl.library_path() is None:
+        pytest.skip("the mkl wheel is not installed (pip install 'lu-service[mkl]')")
+    monkeypatch.setattr(_lapack, "_chosen", _lapack.choose(request.param))
+    return request.param
+
+
+def test_which_real_systems_the_solve_kernel_takes(lapack):
+    """The kernel/LAPACK split of real solves (``_tuning``), by size, dtype and the process's LAPACK, never
+    the batch. Against MKL: float32 to n = 128, float64 to 96, under one work bound. Against OpenBLAS: both
+    to 96 under a smaller bound (64 x 128), which n <= 32 does not have. Complex: the small limits only."""
     from lu_core._cpu import _tuning
     from lu_core._cpu.backend import _solve_by_kernel
 
     f32, f64, c64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64)
-    assert _tuning.SOLVE_KERNEL_FLOAT32_MAX_N == 128 and _tuning.SOLVE_KERNEL_REAL_MAX_N == 96
-    assert _solve_by_kernel(128, 64, f32) and not _solve_by_kernel(129, 64, f32)
-    assert _solve_by_kernel(96, 64, f64) and not _solve_by_kernel(97, 64, f64) and not _solve_by_kernel(128, 64, f64)
     c128 = np.dtype(np.complex128)
     assert not _solve_by_kernel(64, 64, c64) and not _solve_by_kernel(64, 64, c128)  # complex: the small limits only
     work = _tuning.SOLVE_KERNEL_REAL_MAX_WORK
-    assert _solve_by_kernel(128, work // 128, f32) and not _solve_by_kernel(128, work // 128 + 1, f32)
+    for dt in (f32, f64):
+        assert _solve_by_kernel(32, work // 32, dt) and not _solve_by_kernel(32, work // 32 + 1, dt)
+        assert _solve_by_kernel(512, 1, dt) and not _solve_by_kernel(513, 1, dt)  # n * nrhs <= 768 to n = 512
+    if lapack == "mkl":
+        assert _tuning.SOLVE_KERNEL_FLOAT32_MAX_N == 128 and _tuning.SOLVE_KERNEL_REAL_MAX_N == 96
+        assert _solve_by_kernel(128, 64, f32) and not _solve_by_kernel(129, 64, f32)
+        assert _solve_by_kernel(96, 64, f64) and not _solve_by_kernel(97, 64, f64)
+        assert not _solve_by_kernel(128, 64, f64)
+        assert _solve_by_kernel(128, work // 128, f32) and not _solve_by_kernel(128, work // 128 + 1, f32)
+    else:
+        bound = _tuning.SOLVE_KERNEL_OPENBLAS_MAX_WORK
+        assert _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N == 96 and bound == 8 * 1024
+        for dt in (f32, f64):
+            assert _solve_by_kernel(96, 64, dt) and not _solve_by_kernel(96, 128, dt)
+            assert _solve_by_kernel(64, 128, dt) and not _solve_by_kernel(64, 129, dt)
+            assert _solve_by_kernel(33, bound // 33, dt) and not _solve_by_kernel(33, bound // 33 + 1, dt)
+            assert not _solve_by_kernel(97, 8, dt) and not _solve_by_kernel(128, 64, dt)
 
 
 @pytest.mark.parametrize("left", [True, False])
-def test_float32_at_the_kernels_new_limit_matches_lapack_and_is_batch_invariant(rng, left):
-    """n = 128 float32 with 64 right-hand sides now runs the kernel: the same solution as LAPACK's
-    (to float32 rounding) and, alone or in a batch, the same bits."""
+def test_float32_at_the_kernels_mkl_limit_matches_lapack_and_is_batch_invariant(rng, left, lapack):
+    """n = 128 float32 with 64 right-hand sides runs the kernel beside MKL and getrs beside OpenBLAS: the
+    same solution as the other path's (to float32 rounding), the bits of the path chosen, and, alone or in
+    a batch, the same bits."""
+    from lu_core._cpu.backend import _solve_by_kernel
+
     n = 128
     A = well_conditioned(rng, (3, n, n), np.float32)
     B = rng.standard_normal((3, n, 64) if left else (3, 64, n)).astype(np.float32)
     LU, piv = lu_core.lu_factor(A)
     X = lu_core.lu_solve(LU, piv, B, left=left)
-    with cpu_path("lapack"):
-        X_lapack = lu_core.lu_solve(LU, piv, B, left=left)
-    assert_close(X, X_lapack, np.float32, n)
-    with cpu_path("kernel"):
-        assert np.array_equal(X, lu_core.lu_solve(LU, piv, B, left=left))  # it was the kernel's answer
+    chosen, other = ("kernel", "lapack") if _solve_by_kernel(n, 64, np.dtype(np.float32)) else ("lapack", "kernel")
+    assert chosen == ("kernel" if lapack == "mkl" else "lapack")
+    with cpu_path(other):
+        assert_close(X, lu_core.lu_solve(LU, piv, B, left=left), np.float32, n)
+    with cpu_path(chosen):
+        assert np.array_equal(X, lu_core.lu_solve(LU, piv, B, left=left))  # it was the chosen path's answer
     alone = [lu_core.lu_solve(LU[i], piv[i], B[i], left=left) for i in range(3)]
     assert all(np.array_equal(X[i], alone[i]) for i in range(3))
 
