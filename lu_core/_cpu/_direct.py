@@ -8,9 +8,8 @@ factorizations and right-hand sides of the same batch, without broadcasting; sha
 sizes the Numba kernels take), run the very kernels the general path runs on them, with the same
 twin (serial or parallel), and so return the same bits and raise the same errors
 (pivots out of range: :meth:`CpuBackend.check_pivots`). One matrix of a size the general path factors
-on its LAPACK pool goes, where that LAPACK is MKL, straight to the same single-threaded ``getrf``
-(:func:`_one_by_mkl`). Anything else returns ``None`` and takes the general path, which then reports
-whatever is wrong with it.
+on its LAPACK pool goes straight to the same single-threaded ``getrf`` (:func:`_one_by_lapack`).
+Anything else returns ``None`` and takes the general path, which then reports whatever is wrong with it.
 """
 
 from __future__ import annotations
@@ -30,16 +29,27 @@ _FIRST = np.zeros(1, dtype=np.intp)  # problem 0 uses factorization 0 (broadcast
 
 def factor_direct(A: Any, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """``lu_factor_ex(A, pivot)``'s ``(LU, pivots, info)`` for matrices the batched kernel factors, and for
-    one matrix that MKL factors on one thread (:func:`_one_by_mkl`)."""
-    if type(A) is not np.ndarray or A.ndim < 2 or A.dtype not in _DTYPES:
+    one matrix that LAPACK factors on one thread (:func:`_one_by_lapack`)."""
+    if type(A) is not np.ndarray or A.dtype not in _DTYPES:
         return None
-    batch, (m, n) = A.shape[:-2], A.shape[-2:]
-    nb = math.prod(batch)
+    shape = A.shape
+    if len(shape) == 2:  # the latency-bound case first: one matrix, no batch dimensions
+        (m, n), batch, nb = shape, (), 1
+    elif len(shape) > 2:
+        batch, (m, n) = shape[:-2], shape[-2:]
+        nb = math.prod(batch)
+    else:
+        return None
     if not nb or not m or not n:
         return None
     if not _backend._factor_by_kernel(max(m, n), A.dtype):
         # (without pivoting the general path uses the kernel at any size; not needed here)
-        return _one_by_mkl(A, batch, m, n) if nb == 1 and pivot else None
+        return _one_by_lapack(A, batch, m, n) if nb == 1 and pivot else None
+    if nb == 1 and A.flags.c_contiguous:  # one C-ordered matrix: allocations and kernel in one call
+        if not batch:
+            return _kernels.getrf_one(A, pivot)
+        lu, piv, info = _kernels.getrf_one(A.reshape(m, n), pivot)
+        return lu.reshape(*batch, m, n), piv.reshape(*batch, piv.shape[0]), info.reshape(batch)
     k = min(m, n)
     src, transposed = _backend._factor_source(A.reshape(nb, m, n))
     s = np.empty((nb, n, m), dtype=A.dtype)
@@ -49,17 +59,14 @@ def factor_direct(A: Any, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return s.swapaxes(1, 2).reshape(*batch, m, n), piv.reshape(*batch, k), info.reshape(batch)
 
 
-def _one_by_mkl(A: np.ndarray, batch: tuple[int, ...], m: int, n: int) -> tuple[np.ndarray, ...] | None:
-    """One matrix of a size the general path factors on the LAPACK pool, where that LAPACK is MKL
-    (:func:`_lapack.getrf_alone`: the pool's copy and single-threaded ``getrf``, hence the same bits, without
-    its dispatch). Larger matrices (threaded MKL) and SciPy's LAPACK take the general path."""
+def _one_by_lapack(A: np.ndarray, batch: tuple[int, ...], m: int, n: int) -> tuple[np.ndarray, ...] | None:
+    """One matrix of a size the general path factors on the LAPACK pool (:func:`_lapack.getrf_alone`: the
+    pool's copy and single-threaded ``getrf``, hence the same bits, without its dispatch). Larger matrices
+    (threaded LAPACK) take the general path."""
     if max(m, n) > _tuning.LAPACK_POOL_MAX_N:
         return None
     src, transposed = _backend._factor_source(A.reshape(1, m, n))
-    factored = _lapack.getrf_alone(src, transposed, m, n)
-    if factored is None:
-        return None
-    s, piv, info = factored
+    s, piv, info = _lapack.getrf_alone(src, transposed, m, n)
     return (
         s.swapaxes(1, 2).reshape(*batch, m, n),
         piv.reshape(*batch, piv.shape[1]),

@@ -550,6 +550,22 @@ permutations = Twin(_permutations)
 scatter_permutation = Twin(_scatter_permutation)
 transpose_into = Twin(_transpose_into)
 unpack_small = Twin(_unpack_small)
+_getrf_serial = getrf.serial
+
+
+@nb.njit(**_SERIAL)
+def getrf_one(a, pivot):
+    """``getrf``'s serial twin on one C-ordered ``m x n`` matrix ``a``, into fresh arrays: ``(LU, piv, info)``,
+    ``LU`` the ``m x n`` factorization (a column-major view of the kernel's transposed storage), ``piv``
+    the ``min(m, n)`` 1-based pivots and ``info`` a 0-d array: the bits of a batch of one. One call where a
+    caller would make four (three allocations and the kernel's), for ``_direct``, whose small single
+    matrices are the latency-bound case."""
+    m, n = a.shape
+    s = np.empty((1, n, m), a.dtype)
+    piv = np.empty((1, min(m, n)), np.int32)
+    info = np.zeros((), np.int32)
+    _getrf_serial(a.reshape(1, m, n), True, s, piv, info.reshape(1), pivot)
+    return s[0].T, piv[0], info
 
 
 @nb.njit(**_SERIAL)

@@ -58,6 +58,7 @@ _lock = threading.Lock()
 _blas_counter = threading.Lock()  # guards _blas_users and _blas_saved (below)
 _pool: ThreadPoolExecutor | None = None
 _blas: list = []  # threadpoolctl's controllers of the loaded BLAS libraries, found with the pool
+_blas_threads: list[tuple[Callable[[], Any], Callable[[int], object]]] = []  # their (get, set), resolved with it
 _chosen: Lapack | None = None
 
 
@@ -71,6 +72,7 @@ class Lapack:
 
     def __init__(self) -> None:
         self.name = f"SciPy ({_scipy_lapack()})"
+        self._alone: dict[np.dtype, Callable[[np.ndarray, np.ndarray], int]] = {}
 
     def factor(self, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], int]:
         (fn,) = get_lapack_funcs(("getrf",), dtype=dtype)
@@ -82,6 +84,30 @@ class Lapack:
             piv0[...] = p
             return info
 
+        return call
+
+    def factor_alone(self, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], int]:
+        """``f(a, ipiv) -> info`` for one matrix of a pooled size factored by itself (``_direct``): held to
+        one thread around the call, as a pooled call is (so the same bits), LAPACK's 1-based pivots into
+        ``ipiv``, and none of the pool's dispatch (one 128 x 128 float64 ``lu_factor`` on a 2-vCPU AMD EPYC,
+        the core grid's harness, ratio to PyTorch: median 1.24 -> 1.14; ``README.md``, Performance)."""
+        call = self._alone.get(dtype)
+        if call is None:
+            (fn,) = get_lapack_funcs(("getrf",), dtype=dtype)
+            _controllers()
+
+            def call(a: np.ndarray, ipiv: np.ndarray) -> int:
+                _one_blas_thread()
+                try:
+                    lu, p, info = fn(a, overwrite_a=1)
+                finally:
+                    _restore_blas_threads()
+                if not np.shares_memory(lu, a):  # pragma: no cover - SciPy copied
+                    a[...] = lu
+                np.add(p, 1, out=ipiv)
+                return info
+
+            self._alone[dtype] = call
         return call
 
     def solve(self, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray, np.ndarray, int], None]:
@@ -268,18 +294,10 @@ def _run_chunked(task: Callable[[int, int], None], count: int, n: int, lp: Lapac
     ``LAPACK_POOL_MAX_N``, one call on this thread with BLAS threaded. Every grain has ended, or will
     never start, before this returns or raises (the calling thread's exception if it failed, else the
     first failed pool worker's)."""
-    global _pool, _blas
     if n > _tuning.LAPACK_POOL_MAX_N:
         task(0, count)  # one matrix at a time, BLAS threaded inside each
         return
-    if _pool is None:
-        with _lock:
-            if _pool is None:
-                # Not the MKL lu_core loads itself (``_mkl``): its count is per thread (MklLapack.one_thread).
-                own = _mkl.loaded_path()
-                blas = ThreadpoolController().select(user_api="blas").lib_controllers
-                _blas = [lib for lib in blas if own is None or os.path.realpath(lib.filepath) != own]
-                _pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="lu_core-lapack")
+    _controllers()
     lp = lp or lapack()
     workers = min(_WORKERS, count)
     task = lp.one_thread(task)
@@ -296,6 +314,20 @@ def _run_chunked(task: Callable[[int, int], None], count: int, n: int, lp: Lapac
     finally:
         if held:
             _restore_blas_threads()
+
+
+def _controllers() -> None:
+    """Find the BLAS libraries' thread controllers and start the pool, once (the first pooled or lone call)."""
+    global _pool, _blas
+    if _pool is None:
+        with _lock:
+            if _pool is None:
+                # Not the MKL lu_core loads itself (``_mkl``): its count is per thread (MklLapack.one_thread).
+                own = _mkl.loaded_path()
+                blas = ThreadpoolController().select(user_api="blas").lib_controllers
+                _blas = [lib for lib in blas if own is None or os.path.realpath(lib.filepath) != own]
+                _blas_threads[:] = [_thread_functions(lib) for lib in _blas]
+                _pool = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="lu_core-lapack")
 
 
 def _share(task: Callable[[int, int], None], count: int, workers: int) -> None:
@@ -340,12 +372,22 @@ _blas_users = 0
 _blas_saved: list[tuple[Callable[[int], object], int]] = []
 
 
-def _setter(lib: Any) -> Callable[[int], object]:
-    """The library's own thread-count setter. threadpoolctl (>= 3.6) lets only one Python thread, the first
-    that set a limit, change an OpenBLAS built on pthreads, and silently ignores the others: the thread that
-    calls lu_core (the service's worker) may not be that one, and the count above already coordinates
-    the threads that call here."""
-    return getattr(lib, "_real_set_num_threads", None) or lib.set_num_threads
+def _thread_functions(lib: Any) -> tuple[Callable[[], Any], Callable[[int], object]]:
+    """The library's own thread-count getter and setter.
+
+    The setter is not threadpoolctl's ``set_num_threads``: threadpoolctl (>= 3.6) lets only one Python thread,
+    the first that set a limit, change an OpenBLAS built on pthreads, and silently ignores the others; the
+    thread that calls lu_core (the service's worker) may not be that one, and the count above already
+    coordinates the threads that call here. For such an OpenBLAS both are its C functions, looked up here
+    once: threadpoolctl's methods look them up on every call (~1 us each; a hold makes up to four per library).
+    """
+    get, set_ = lib.get_num_threads, getattr(lib, "_real_set_num_threads", None) or lib.set_num_threads
+    symbol = getattr(lib, "_get_symbol", None)
+    if lib.internal_api == "openblas" and getattr(lib, "threading_layer", None) == "pthreads" and symbol:
+        c_get, c_set = symbol("openblas_get_num_threads"), symbol("openblas_set_num_threads")
+        if c_get is not None and c_set is not None:
+            return c_get, c_set
+    return get, set_
 
 
 def _one_blas_thread() -> None:
@@ -361,7 +403,7 @@ def _one_blas_thread() -> None:
     with _blas_counter:
         _blas_users += 1
         if _blas_users == 1:
-            _blas_saved = [(_setter(lib), lib.get_num_threads()) for lib in _blas]
+            _blas_saved = [(set_threads, get_threads()) for get_threads, set_threads in _blas_threads]
             for set_threads, threads in _blas_saved:
                 if threads != 1:
                     set_threads(1)
@@ -424,15 +466,12 @@ def _copy_in(src: np.ndarray, transposed: bool, s: np.ndarray, b: int) -> None:
         s[b] = src[b]
 
 
-def getrf_alone(src: np.ndarray, transposed: bool, m: int, n: int) -> tuple[np.ndarray, np.ndarray, int] | None:
+def getrf_alone(src: np.ndarray, transposed: bool, m: int, n: int) -> tuple[np.ndarray, np.ndarray, int]:
     """:func:`getrf` of one ``m x n`` matrix of the pool's sizes (``src`` holds it, as :func:`getrf` takes
-    it) where the LAPACK is MKL: ``(s, piv, info)``, the factorization in transposed storage ``(1, n, m)``
-    and LAPACK's 1-based pivots ``(1, min(m, n))``, from the same copy and the same single-threaded
-    ``getrf`` (:meth:`MklLapack.factor_alone`), hence the same bits, without the pool's dispatch. ``None``
-    (nothing done) on SciPy's LAPACK, whose one-thread hold is the pool's."""
+    it): ``(s, piv, info)``, the factorization in transposed storage ``(1, n, m)`` and LAPACK's 1-based
+    pivots ``(1, min(m, n))``, from the same copy and the same single-threaded ``getrf``
+    (:meth:`Lapack.factor_alone`), hence the same bits, without the pool's dispatch."""
     lp = lapack()
-    if not isinstance(lp, MklLapack):
-        return None
     s = np.empty((1, n, m), dtype=src.dtype)
     piv = np.empty((1, min(m, n)), dtype=np.int32)
     _copy_in(src, transposed, s, 0)

@@ -33,9 +33,15 @@ def general(monkeypatch):
     return run
 
 
+def _strides(x: np.ndarray) -> tuple[int, ...]:
+    """The strides that place elements: an axis of extent 1 has one whatever its stride says."""
+    return tuple(st for st, extent in zip(x.strides, x.shape, strict=True) if extent > 1)
+
+
 def _same(got, want) -> None:
     for g, w in zip(got, want, strict=True):
-        assert type(g) is type(w) and g.shape == w.shape and g.dtype == w.dtype and g.strides == w.strides
+        assert type(g) is type(w) and g.shape == w.shape and g.dtype == w.dtype and _strides(g) == _strides(w)
+        assert g.flags.c_contiguous == w.flags.c_contiguous and g.flags.f_contiguous == w.flags.f_contiguous
         assert g.tobytes() == w.tobytes()
 
 
@@ -87,14 +93,16 @@ def test_solve_gives_the_general_paths_bits(general, dtype, batch, n, nrhs):
 @pytest.mark.parametrize("shape", [(97, 97), (128, 128), (256, 256), (200, 130), (40, 250)])
 @pytest.mark.parametrize("layout", ["C", "F"])
 @pytest.mark.parametrize("batch", [(), (1,), (1, 1)])
-def test_one_matrix_on_mkl_gives_the_general_paths_bits(general, monkeypatch, dtype, shape, layout, batch):
-    """One matrix past the kernels' sizes and within the LAPACK pool's goes straight to MKL's getrf, held to
-    one thread as a pooled call is: the general path's bits, pivots and info, singular ones included."""
+@pytest.mark.parametrize("lapack", ["mkl", "scipy"])
+def test_one_matrix_gives_the_general_paths_bits(general, monkeypatch, dtype, shape, layout, batch, lapack):
+    """One matrix past the kernels' sizes and within the LAPACK pool's goes straight to getrf, held to one
+    thread as a pooled call is: the general path's bits, pivots and info, singular ones included; on MKL
+    and on SciPy's OpenBLAS, whose two-thread getrf rounds otherwise from n = 100 (float64)."""
     from lu_core._cpu import _lapack, _mkl, _tuning
 
-    if _mkl.library_path() is None:
+    if lapack == "mkl" and _mkl.library_path() is None:
         pytest.skip("the mkl wheel is not installed (pip install 'lu-service[mkl]')")
-    monkeypatch.setattr(_lapack, "_chosen", _lapack.choose("mkl"))  # whatever auto took on this CPU
+    monkeypatch.setattr(_lapack, "_chosen", _lapack.choose(lapack))  # whatever auto took on this CPU
     rng = np.random.default_rng(hash((shape, layout)) % 2**32)
     A = _rand(rng, (*batch, *shape), dtype)
     if layout == "F":
@@ -114,19 +122,21 @@ def test_one_matrix_on_mkl_gives_the_general_paths_bits(general, monkeypatch, dt
         lu_core.lu_factor(singular)
 
 
-def test_mkl_single_matrices_take_the_general_path_where_they_should(monkeypatch):
-    """A batch, a size the threaded LAPACK takes (past LAPACK_POOL_MAX_N), no pivoting, or SciPy's LAPACK:
-    the general path."""
-    from lu_core._cpu import _lapack, _tuning
+@pytest.mark.parametrize("lapack", ["mkl", "scipy"])
+def test_lapack_single_matrices_take_the_general_path_where_they_should(monkeypatch, lapack):
+    """A batch, a size the threaded LAPACK takes (past LAPACK_POOL_MAX_N), or no pivoting: the general path."""
+    from lu_core._cpu import _lapack, _mkl, _tuning
 
+    if lapack == "mkl" and _mkl.library_path() is None:
+        pytest.skip("the mkl wheel is not installed (pip install 'lu-service[mkl]')")
+    monkeypatch.setattr(_lapack, "_chosen", _lapack.choose(lapack))
     rng = np.random.default_rng(5)
     A = rng.standard_normal((128, 128))
+    assert _direct.factor_direct(A, True) is not None
     assert _direct.factor_direct(np.stack([A, A]), True) is None
     assert _direct.factor_direct(A, False) is None
     big = _tuning.LAPACK_POOL_MAX_N + 1
     assert _direct.factor_direct(rng.standard_normal((big, big)), True) is None
-    monkeypatch.setattr(_lapack, "_chosen", _lapack.choose("scipy"))
-    assert _direct.factor_direct(A, True) is None
 
 
 def test_out_of_range_pivots_raise_as_the_general_path(general):
