@@ -12,7 +12,9 @@ into ``lu_core/_cpu/_tuning.py``.
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -23,13 +25,42 @@ from lu_core._cpu import _tuning
 SIZES = [8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384]
 
 
+#: The real systems' solve-kernel limits, beside MKL and beside OpenBLAS (``_many_rhs`` moves them together).
+_REAL_LIMITS = (
+    "SOLVE_KERNEL_REAL_MAX_N",
+    "SOLVE_KERNEL_FLOAT32_MAX_N",
+    "SOLVE_KERNEL_OPENBLAS_MAX_N",
+    "SOLVE_KERNEL_REAL_MAX_WORK",
+    "SOLVE_KERNEL_OPENBLAS_MAX_WORK",
+    "SOLVE_KERNEL_OPENBLAS_SMALL_WORK",
+)
+#: Every limit this script overrides (``_set``, ``_many_rhs``).
+_LIMITS = ("FACTOR_KERNEL_MAX_N", "SOLVE_KERNEL_MAX_N", "SOLVE_KERNEL_MAX_WORK", "SOLVE_KERNEL_ALWAYS_N")
+_LIMITS += ("UNPACK_FUSED_MAX_N", *_REAL_LIMITS)
+
+
+@contextlib.contextmanager
+def _limits_kept() -> Iterator[None]:
+    """``_tuning``'s limits as they were, once the block is left however it is left."""
+    saved = {name: getattr(_tuning, name) for name in _LIMITS}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(_tuning, name, value)
+
+
+def _set_real(n_max: int, work: int) -> None:
+    for name in _REAL_LIMITS:
+        setattr(_tuning, name, work if name.endswith("WORK") else n_max)
+
+
 def _set(factor: int, solve: int, work: int, unpack: int) -> None:
     _tuning.FACTOR_KERNEL_MAX_N = factor
     _tuning.SOLVE_KERNEL_MAX_N = solve
     _tuning.SOLVE_KERNEL_MAX_WORK = work
     _tuning.SOLVE_KERNEL_ALWAYS_N = min(solve, 16)
-    _tuning.SOLVE_KERNEL_REAL_MAX_N = _tuning.SOLVE_KERNEL_FLOAT32_MAX_N = _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N = solve
-    _tuning.SOLVE_KERNEL_REAL_MAX_WORK = _tuning.SOLVE_KERNEL_OPENBLAS_MAX_WORK = work
+    _set_real(solve, work)
     _tuning.UNPACK_FUSED_MAX_N = unpack
 
 
@@ -133,18 +164,15 @@ def _many_rhs(rng: np.random.Generator) -> None:
     ``_tuning.SOLVE_KERNEL_REAL_MAX_N`` (float64), ``SOLVE_KERNEL_FLOAT32_MAX_N`` and
     ``SOLVE_KERNEL_REAL_MAX_WORK`` go on MKL, ``SOLVE_KERNEL_OPENBLAS_*`` on OpenBLAS (batch 1 only:
     the limits also rest on batch 100, measured by one-off sweeps, ``_tuning``'s docstring)."""
-    names = ("REAL_MAX_N", "FLOAT32_MAX_N", "OPENBLAS_MAX_N", "REAL_MAX_WORK", "OPENBLAS_MAX_WORK")
-    saved = [getattr(_tuning, f"SOLVE_KERNEL_{name}") for name in names]
 
     def with_real(n_max: int, work: int, fn):
-        for name in names:
-            setattr(_tuning, f"SOLVE_KERNEL_{name}", work if name.endswith("WORK") else n_max)
+        _set_real(n_max, work)
         return fn()
 
     counts = (8, 64, 256, 1024, 4096)
     print("\n| dtype | n | " + " | ".join(f"nrhs {k}" for k in counts) + " |")
     print("|---|---:|" + "---:|" * len(counts))
-    try:
+    with _limits_kept():
         for dtype in (np.float32, np.float64):
             for n in (32, 64, 96, 128, 192):
                 A = rng.standard_normal((1, n, n)).astype(dtype)
@@ -162,44 +190,17 @@ def _many_rhs(rng: np.random.Generator) -> None:
                     )
                     ratios.append(t["k"].median / t["l"].median)
                 print(f"| {np.dtype(dtype).name} | {n} | " + " | ".join(f"{r:.2f}" for r in ratios) + " |", flush=True)
-    finally:
-        for name, value in zip(names, saved, strict=True):
-            setattr(_tuning, f"SOLVE_KERNEL_{name}", value)
     print("\nKernel / LAPACK time for one system: below 1 the kernel is faster.", file=sys.stderr)
 
 
 def main() -> int:
-    saved = (
-        _tuning.FACTOR_KERNEL_MAX_N,
-        _tuning.SOLVE_KERNEL_MAX_N,
-        _tuning.SOLVE_KERNEL_MAX_WORK,
-        _tuning.UNPACK_FUSED_MAX_N,
-    )
-    always = _tuning.SOLVE_KERNEL_ALWAYS_N
-    real = (
-        _tuning.SOLVE_KERNEL_REAL_MAX_N,
-        _tuning.SOLVE_KERNEL_FLOAT32_MAX_N,
-        _tuning.SOLVE_KERNEL_REAL_MAX_WORK,
-        _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N,
-        _tuning.SOLVE_KERNEL_OPENBLAS_MAX_WORK,
-    )
     rng = np.random.default_rng(0)
     print("| n | batch | factor kernel/LAPACK | solve nrhs=1 kernel/LAPACK | solve nrhs=n kernel/LAPACK |")
     print("|---:|---:|---:|---:|---:|")
-    try:
+    with _limits_kept():
         for n in SIZES:
             batch, *ratios = _case(n, rng)
             print(f"| {n} | {batch} | " + " | ".join(f"{r:.2f}" for r in ratios) + " |", flush=True)
-    finally:
-        _set(*saved)
-        _tuning.SOLVE_KERNEL_ALWAYS_N = always
-        (
-            _tuning.SOLVE_KERNEL_REAL_MAX_N,
-            _tuning.SOLVE_KERNEL_FLOAT32_MAX_N,
-            _tuning.SOLVE_KERNEL_REAL_MAX_WORK,
-            _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N,
-            _tuning.SOLVE_KERNEL_OPENBLAS_MAX_WORK,
-        ) = real
     print("\nBelow 1: the batched kernel is faster at that size.", file=sys.stderr)
     _factor_dtypes(rng)
     _many_rhs(rng)

@@ -407,6 +407,17 @@ class Launched:
         return self._answer
 
 
+def _host_lapack() -> str:
+    """The host LAPACK's name, chosen now (``LU_CORE_LAPACK``, which may load MKL): a bad value stops the
+    service at start-up (exit 2) instead of failing its first request that needs it."""
+    from lu_core._cpu import _lapack
+
+    try:
+        return _lapack.lapack().name
+    except (ValueError, RuntimeError) as exc:
+        raise DeviceUnavailableError(str(exc)) from None
+
+
 class CpuDevice(Device):
     """The CPU: ``lu_core``'s NumPy backend. Large matrices go to the LAPACK that ``LU_CORE_LAPACK``
     picks (``lu_core._cpu._lapack``: MKL on an Intel CPU where its wheel is installed), chosen here, at
@@ -414,12 +425,7 @@ class CpuDevice(Device):
 
     def __init__(self, note: str | None = None, **kwargs: Any) -> None:
         super().__init__(note, **kwargs)
-        from lu_core._cpu import _lapack
-
-        try:
-            self.lapack = _lapack.lapack().name
-        except (ValueError, RuntimeError) as exc:
-            raise DeviceUnavailableError(str(exc)) from None
+        self.lapack = _host_lapack()
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "lapack": self.lapack}
@@ -480,6 +486,8 @@ class GpuDevice(Device):
         self._memory = total
         self.pinned_limit = pinned_limit
         self.host_max_n = host_max_n
+        if host_max_n:  # host solves (and large host factors) whose path depends on the host LAPACK
+            _host_lapack()
         self._pool = cupy.get_default_memory_pool()
         self._pinned_pool = cupy.get_default_pinned_memory_pool()
         with cupy.cuda.Device(index):

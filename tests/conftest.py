@@ -13,6 +13,18 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(20261122)
 
 
+@pytest.fixture(params=["mkl", "scipy"])
+def lapack(request, monkeypatch) -> str:
+    """Each LAPACK the CPU backend may run on, as the process's choice for the test (MKL skipped where its
+    wheel is not installed), whatever ``LU_CORE_LAPACK=auto`` took on this CPU."""
+    from lu_core._cpu import _lapack, _mkl
+
+    if request.param == "mkl" and _mkl.library_path() is None:
+        pytest.skip("the mkl wheel is not installed (pip install 'lu-service[mkl]')")
+    monkeypatch.setattr(_lapack, "_chosen", _lapack.choose(request.param))
+    return request.param
+
+
 def _gpu_available() -> bool:
     try:
         import cupy

@@ -74,6 +74,7 @@ def cpu_path(kind: str) -> Iterator[None]:
         "SOLVE_KERNEL_REAL_MAX_WORK",
         "SOLVE_KERNEL_OPENBLAS_MAX_N",
         "SOLVE_KERNEL_OPENBLAS_MAX_WORK",
+        "SOLVE_KERNEL_OPENBLAS_SMALL_WORK",
     )
     saved = {name: getattr(_tuning, name) for name in names}
     if kind not in ("kernel", "lapack"):

@@ -79,7 +79,12 @@ def solve_direct(LU: Any, pivots: Any, B: Any) -> np.ndarray | None:
     returns them (each column-major) and right-hand sides of their dtype and batch (no broadcasting),
     by the batched kernel, with the general path's choice of twin."""
     shape = direct_solve_shape(LU, pivots, B, np.ndarray, _DTYPES, _PIVOT_DTYPES)
-    if shape is None or not _backend._solve_by_kernel(shape[1], shape[2], LU.dtype):
+    if shape is None:
+        return None
+    try:
+        if not _backend._solve_by_kernel(shape[1], shape[2], LU.dtype):
+            return None
+    except (ValueError, RuntimeError):  # LU_CORE_LAPACK refused: the general path says so, after its own checks
         return None
     _, n, nrhs, nprob = shape
     dt = LU.dtype

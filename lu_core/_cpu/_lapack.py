@@ -27,7 +27,8 @@ float64 1024) and its ``getrs`` with 64 right-hand sides 0.30-0.83x, and over th
 from n = 128 lu_core on OpenBLAS had 12 ratios to the best peer above 1.2 where on MKL it had 22
 (``README.md``, Performance). Both follow LAPACK's pivot rule (first largest ``|re| + |im|``); their
 rounding differs, so a process keeps one for its lifetime. The size rule above holds for both; the
-pooled calls are held to one thread differently: SciPy's OpenBLAS through threadpoolctl's process-wide setters
+pooled calls (and a lone matrix of a pooled size, :meth:`Lapack.factor_alone`) are held to one thread
+differently: SciPy's OpenBLAS through its process-wide count, set through the libraries threadpoolctl finds
 (:func:`_one_blas_thread`, with the limits above for concurrent callers), MKL per calling thread
 (:meth:`MklLapack.one_thread`; on its GNU OpenMP layer the count is the thread's own), so MKL's pooled
 calls leave the process's BLAS setting and other threads' large matrices alone.
@@ -87,28 +88,36 @@ class Lapack:
         return call
 
     def factor_alone(self, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], int]:
-        """``f(a, ipiv) -> info`` for one matrix of a pooled size factored by itself (``_direct``): held to
-        one thread around the call, as a pooled call is (so the same bits), LAPACK's 1-based pivots into
-        ``ipiv``, and none of the pool's dispatch (one 128 x 128 float64 ``lu_factor`` on a 2-vCPU AMD EPYC,
-        the core grid's harness, ratio to PyTorch: median 1.24 -> 1.14; ``README.md``, Performance)."""
+        """``f(a, ipiv) -> info`` for one matrix of a pooled size factored by itself (``_direct``): ``factor``
+        held to one thread around the call as a pooled call is (:meth:`_hold`: so the same bits), LAPACK's
+        1-based pivots into ``ipiv``, and none of the pool's dispatch. One 128 x 128 float64 ``lu_factor``:
+        on MKL (2-vCPU Intel Xeon) 109 -> 88 us warm, 694 -> 518 us on its first call after a 20 ms pause
+        (PyTorch 102 and 526); on OpenBLAS (2-vCPU AMD EPYC, the core grid's harness) median 1.24 -> 1.14x
+        PyTorch's time (``README.md``, Performance)."""
         call = self._alone.get(dtype)
         if call is None:
-            (fn,) = get_lapack_funcs(("getrf",), dtype=dtype)
-            _controllers()
+            factor, hold, release = self.factor(dtype), self._hold, self._release
 
             def call(a: np.ndarray, ipiv: np.ndarray) -> int:
-                _one_blas_thread()
+                held = hold()
                 try:
-                    lu, p, info = fn(a, overwrite_a=1)
+                    info = factor(a, ipiv)
                 finally:
-                    _restore_blas_threads()
-                if not np.shares_memory(lu, a):  # pragma: no cover - SciPy copied
-                    a[...] = lu
-                np.add(p, 1, out=ipiv)
+                    release(held)
+                ipiv += 1  # this module's 0-based -> LAPACK's 1-based, as lu_factor returns them
                 return info
 
             self._alone[dtype] = call
         return call
+
+    def _hold(self) -> Any:
+        """Hold this LAPACK to one thread for a call on this thread, until :meth:`_release` of what this
+        returns: SciPy's OpenBLAS through the process's count (:func:`_one_blas_thread`), as the pool holds it."""
+        _controllers()
+        _one_blas_thread()
+
+    def _release(self, held: Any) -> None:
+        _restore_blas_threads()
 
     def solve(self, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray, np.ndarray, int], None]:
         (fn,) = get_lapack_funcs(("getrs",), dtype=dtype)
@@ -138,18 +147,25 @@ class MklLapack(Lapack):
 
     def __init__(self, mkl: _mkl.Mkl) -> None:
         self.mkl = mkl
-        self._alone: dict[np.dtype, Callable[[np.ndarray, np.ndarray], int]] = {}
+        self._alone = {}
         self.name = f"MKL ({mkl.version}; {mkl.threading_layer} threading layer)"
 
+    def _hold(self) -> int:
+        """MKL's count of this thread at one (``mkl_set_num_threads_local``): its previous count."""
+        return self.mkl.set_local_threads(1)
+
+    def _release(self, held: int) -> None:
+        self.mkl.set_local_threads(held)
+
     def one_thread(self, task: Callable[[int, int], None]) -> Callable[[int, int], None]:
-        set_local = self.mkl.set_local_threads
+        hold, release = self._hold, self._release
 
         def run(lo: int, hi: int) -> None:
-            previous = set_local(1)
+            held = hold()
             try:
                 task(lo, hi)
             finally:
-                set_local(previous)
+                release(held)
 
         return run
 
@@ -162,26 +178,6 @@ class MklLapack(Lapack):
             piv0 -= 1  # 1-based -> this module's 0-based (a few integers against an O(n^3) call)
             return info
 
-        return call
-
-    def factor_alone(self, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], int]:
-        """``f(a, ipiv) -> info`` for one matrix of a pooled size factored by itself (``_direct``): MKL held
-        to one thread around the call, as a pooled call is (so the same bits), LAPACK's 1-based pivots,
-        and none of the pool's dispatch (one 128 x 128 float64 ``lu_factor``: 109 -> 88 us warm, 694 -> 518
-        us on its first call after a 20 ms pause; PyTorch 102 and 526)."""
-        call = self._alone.get(dtype)
-        if call is None:
-            getrf, set_local = self.mkl.getrf(dtype), self.mkl.set_local_threads
-
-            def call(a: np.ndarray, ipiv: np.ndarray) -> int:
-                _column_major(a)
-                previous = set_local(1)
-                try:
-                    return getrf(a, ipiv)
-                finally:
-                    set_local(previous)
-
-            self._alone[dtype] = call
         return call
 
     def solve(self, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray, np.ndarray, int], None]:
@@ -393,9 +389,10 @@ def _thread_functions(lib: Any) -> tuple[Callable[[], Any], Callable[[int], obje
 def _one_blas_thread() -> None:
     """Every BLAS library at one thread until the matching :func:`_restore_blas_threads`.
 
-    What ``ThreadpoolController.limit(limits=1, user_api="blas")`` does, through the same
-    library controllers (found once), without its bookkeeping: that costs ~25 us a call,
-    more than ``getrs`` of one 32x32 matrix (5 us). Counted, so that concurrent callers
+    What ``ThreadpoolController.limit(limits=1, user_api="blas")`` does, to the libraries it finds (found
+    once; for a pthreads OpenBLAS through its own C functions, :func:`_thread_functions`), without its
+    bookkeeping: that costs ~25 us a call, more than ``getrs`` of one 32x32 matrix (5 us); this, 2.9 us
+    with the matching restore (two OpenBLAS libraries loaded, NumPy's and SciPy's). Counted, so that concurrent callers
     (the service's worker beside a thread of its own, say) keep one thread until the last
     of them is done.
     """

@@ -11,7 +11,7 @@ that a large system would feel:
 * that C-ordered copy of ``A`` is, read column-major, ``A^T``: LAPACK factors it in
   place (no transposing copy, no copy by the wrapper), and the solves use ``A = (A^T)^T``
   (right-side solves through the backend's ``lu_solve``: its kernel or ``?getrs`` with
-  ``trans='T'``, by ``_tuning``'s size and dtype rules);
+  ``trans='T'``, by ``_tuning``'s size, dtype and LAPACK rules);
 * the residual ``B - A X`` in the working precision is one kernel pass over ``A``
   (:data:`_refine_kernels.residual`), never a copy of it; the right-hand sides are kept
   transposed, ``(P, k, n)``, so every dot product runs over contiguous memory;

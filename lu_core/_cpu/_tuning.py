@@ -21,7 +21,8 @@ same picture: the kernel wins to n = 96 (0.6x) and loses from 128 (1.4x).
 These crossovers were measured against SciPy's OpenBLAS. MKL (``_mkl``, used on Intel CPUs where installed) is
 as fast as OpenBLAS at n = 128 (one 128 x 128 ``getrf``: 0.084-0.088 ms against 0.090-0.096, 2-vCPU
 Intel Xeon, 2026-11-27) and pulls ahead from n = 256, past every kernel/LAPACK crossover below, so
-they stand for both; ``bench.calibrate_cpu`` measures whichever LAPACK the process chose.
+they stand for both, except the solve kernel's limits (``SOLVE_KERNEL_OPENBLAS_*``: OpenBLAS's ``getrs``
+beats MKL's on AMD's CPUs); ``bench.calibrate_cpu`` measures whichever LAPACK the process chose.
 
 Re-run the calibration on new hardware and update these numbers. (That table is the first
 calibration, before the kernels' loops vectorized; the limits below were re-measured since,
@@ -77,8 +78,15 @@ SOLVE_KERNEL_REAL_MAX_N = 96
 #: (batch 100), float64 0.85-1.22 at 96; against OpenBLAS, which is 1.2-3.5x faster than MKL there (the
 #: LAPACK auto takes on AMD), 64 right-hand sides: float32 0.64 at 96 and 0.94 at 128 (batch 1), 0.87
 #: and 1.72 (batch 100), float64 0.89 at 96 (batch 1), 1.34 (batch 100), but 1.1-2.2 from 256
-#: right-hand sides at n = 64-128. These limits hold where the LAPACK is MKL; on OpenBLAS the ones below.
+#: right-hand sides at n = 64-128. These limits hold where the LAPACK is MKL; beside OpenBLAS
+#: ``SOLVE_KERNEL_OPENBLAS_*`` below.
 SOLVE_KERNEL_FLOAT32_MAX_N = 128
+
+#: ... while ``n * nrhs`` stays at or below this: with thousands of right-hand sides
+#: LAPACK's BLAS-3 ``trsm`` catches up (batch 1, float64: 0.63-0.88 at n = 96 with 512
+#: and 1024, 1.0-1.13 from 2048; n = 64: 0.71-0.82 to 2048, 0.91-0.93 beyond; float32
+#: 0.25-0.85 throughout).
+SOLVE_KERNEL_REAL_MAX_WORK = 96 * 1024
 
 #: Where the LAPACK is SciPy's OpenBLAS (``LU_CORE_LAPACK=auto`` off Intel's CPUs, or ``scipy``), whose
 #: ``getrs`` is faster than MKL's on those CPUs, real systems go to the kernel (past the small limits above)
@@ -93,14 +101,14 @@ SOLVE_KERNEL_OPENBLAS_MAX_N = 96
 #: ... while ``n * nrhs`` stays at or below this (96 x 64, 64 x 128) ...
 SOLVE_KERNEL_OPENBLAS_MAX_WORK = 8 * 1024
 
-#: ... except up to this ``n``, where ``SOLVE_KERNEL_REAL_MAX_WORK`` holds as on MKL.
-SOLVE_KERNEL_OPENBLAS_WIDE_N = 32
+#: ... or, up to this ``n`` ...
+SOLVE_KERNEL_OPENBLAS_SMALL_N = 32
 
-#: ... while ``n * nrhs`` stays at or below this: with thousands of right-hand sides
-#: LAPACK's BLAS-3 ``trsm`` catches up (batch 1, float64: 0.63-0.88 at n = 96 with 512
-#: and 1024, 1.0-1.13 from 2048; n = 64: 0.71-0.82 to 2048, 0.91-0.93 beyond; float32
-#: 0.25-0.85 throughout).
-SOLVE_KERNEL_REAL_MAX_WORK = 96 * 1024
+#: ... at or below this (1024 right-hand sides at n = 32). The same machine, one sweep, batch 1 and 100:
+#: n = 24 and 32, 512 and 1024 right-hand sides 0.48-1.14 (above 1 only float32 32 x 1024 at batch 100),
+#: 2048 and 3072 0.64-1.52 (float64 at batch 1 0.64-0.92, the rest 1.08-1.52). Every limit beside OpenBLAS
+#: lies inside MKL's (``backend._solve_by_kernel`` relies on it: a choice inside both needs no LAPACK chosen).
+SOLVE_KERNEL_OPENBLAS_SMALL_WORK = 32 * 1024
 
 #: Total work (about the flops: ``batch * m * n * k`` for a factorization,
 #: ``2 * problems * nrhs * n * n`` for a solve, elements for copies) from which a

@@ -3,7 +3,8 @@
 Small matrices go through the batched Numba kernels in ``_kernels`` (no Python
 loop per matrix); large ones through LAPACK per matrix in ``_lapack``. The
 switch points live in ``_tuning`` and depend on the matrix shape and dtype
-only, never on the batch size, except where both sides give the same bits (small
+(and, for the solve kernel, on the process's LAPACK) only, never on the batch size,
+except where both sides give the same bits (small
 real matrices in SIMD-lane groups of eight, ``_lanes``, the batch's last few one
 by one): a matrix gets the same bits alone as in a batch.
 Each call launches one kernel where it can (copy and factor fused, two when a
@@ -106,12 +107,15 @@ def _solve_by_kernel(n: int, nrhs: int, dtype: np.dtype) -> bool:
         return True
     if dtype.kind == "c":
         return False
-    if n <= _tuning.SOLVE_KERNEL_OPENBLAS_WIDE_N:  # the same on either LAPACK (decided without choosing one)
-        return n * nrhs <= _tuning.SOLVE_KERNEL_REAL_MAX_WORK
-    if not isinstance(_lapack.lapack(), _lapack.MklLapack):  # SciPy's OpenBLAS: its own limits
-        return n <= _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N and n * nrhs <= _tuning.SOLVE_KERNEL_OPENBLAS_MAX_WORK
     max_n = _tuning.SOLVE_KERNEL_FLOAT32_MAX_N if dtype == np.float32 else _tuning.SOLVE_KERNEL_REAL_MAX_N
-    return n <= max_n and n * nrhs <= _tuning.SOLVE_KERNEL_REAL_MAX_WORK
+    if n > max_n or n * nrhs > _tuning.SOLVE_KERNEL_REAL_MAX_WORK:  # past the limits beside MKL
+        return False
+    # Beside OpenBLAS, whose getrs beats MKL's on AMD's CPUs, the kernel stops sooner (limits inside MKL's).
+    small = n <= _tuning.SOLVE_KERNEL_OPENBLAS_SMALL_N
+    work = _tuning.SOLVE_KERNEL_OPENBLAS_SMALL_WORK if small else _tuning.SOLVE_KERNEL_OPENBLAS_MAX_WORK
+    if n <= _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N and n * nrhs <= work:
+        return True  # within both LAPACKs' limits: decided without choosing one (which may load MKL)
+    return isinstance(_lapack.lapack(), _lapack.MklLapack)
 
 
 class CpuBackend:

@@ -44,8 +44,8 @@ SIZES = sorted(
         _tuning.SOLVE_KERNEL_REAL_MAX_N + 1,
         _tuning.SOLVE_KERNEL_FLOAT32_MAX_N,
         _tuning.SOLVE_KERNEL_FLOAT32_MAX_N + 1,
-        _tuning.SOLVE_KERNEL_OPENBLAS_WIDE_N,
-        _tuning.SOLVE_KERNEL_OPENBLAS_WIDE_N + 1,
+        _tuning.SOLVE_KERNEL_OPENBLAS_SMALL_N,
+        _tuning.SOLVE_KERNEL_OPENBLAS_SMALL_N + 1,
         _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N,
         _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N + 1,
         _tuning.LAPACK_POOL_MAX_N + 1,
@@ -240,6 +240,51 @@ def test_lapack_calls_hold_blas_to_one_thread_and_restore_it(rng, batch, scipy_l
     assert seen and all(t == [1] * len(_lapack._blas) for t in seen)
 
 
+def test_one_pooled_size_matrix_is_held_to_one_blas_thread_too(rng, scipy_lapack, monkeypatch):
+    """One matrix of the pool's sizes goes straight to getrf (``_direct``), held to one BLAS thread as the pool
+    holds it (OpenBLAS's two-thread getrf rounds otherwise), the caller's count given back after, also when
+    getrf fails; on a pthreads OpenBLAS the hold calls its C functions, looked up once."""
+    import ctypes
+
+    from threadpoolctl import threadpool_limits
+
+    from lu_core._cpu import _lapack
+
+    _skip_without_blas()
+    n = _tuning.FACTOR_KERNEL_MAX_N + 8
+    lu_core.lu_factor(well_conditioned(rng, (n, n), np.float64))  # the controllers are found
+    for lib, (get, set_) in zip(_lapack._blas, _lapack._blas_threads, strict=True):
+        if lib.internal_api == "openblas" and lib.threading_layer == "pthreads":
+            assert isinstance(get, ctypes._CFuncPtr) and isinstance(set_, ctypes._CFuncPtr)
+    seen: list[list[int]] = []
+    real = _lapack.get_lapack_funcs
+
+    def spying(names, dtype=None):
+        (fn,) = real(names, dtype=dtype)
+
+        def call(*args, **kwargs):
+            seen.append(_blas_threads())
+            if args[0][0, 0] == 7:
+                raise RuntimeError("inside getrf")
+            return fn(*args, **kwargs)
+
+        return (call,)
+
+    monkeypatch.setattr(_lapack, "get_lapack_funcs", spying)
+    monkeypatch.setattr(_lapack._chosen, "_alone", {})  # built again, around the spy
+    A = well_conditioned(rng, (n, n), np.float64)
+    with threadpool_limits(limits=2, user_api="blas"):
+        LU, piv = lu_core.lu_factor(A)
+        P, L, U = lu_core.lu_unpack(LU, piv)
+        np.testing.assert_allclose(P @ L @ U, A, atol=1e-10)
+        assert _blas_threads() == [2] * len(_lapack._blas)
+        A[0, 0] = 7
+        with pytest.raises(RuntimeError, match="inside getrf"):
+            lu_core.lu_factor(A)
+        assert _blas_threads() == [2] * len(_lapack._blas)
+    assert len(seen) == 2 and all(t == [1] * len(_lapack._blas) for t in seen)
+
+
 @pytest.fixture
 def scipy_lapack(monkeypatch):
     """SciPy's LAPACK for the test: these check the process-wide BLAS hold, which is SciPy's OpenBLAS's
@@ -356,7 +401,7 @@ def test_a_refused_pool_thread_leaves_no_grain_behind(monkeypatch):
 
     from lu_core._cpu import _lapack
 
-    lu_core.lu_factor(np.eye(_tuning.FACTOR_KERNEL_MAX_N + 8)[None])  # the pool exists
+    _lapack._controllers()  # the pool exists (a lone matrix of its sizes does not go through it)
     monkeypatch.setattr(_lapack, "_WORKERS", 3)
     gate = threading.Event()
     pool = ThreadPoolExecutor(max_workers=1)

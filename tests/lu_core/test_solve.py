@@ -238,22 +238,12 @@ def test_singular_factorization_solves_to_nonfinite_without_raising(dtype, n):
         assert not np.isfinite(X).all()
 
 
-@pytest.fixture(params=["mkl", "scipy"])
-def lapack(request, monkeypatch):
-    """Each LAPACK the CPU backend may run on, as the process's choice for the test."""
-    from lu_core._cpu import _lapack, _mkl
-
-    if request.param == "mkl" and _mkl.library_path() is None:
-        pytest.skip("the mkl wheel is not installed (pip install 'lu-service[mkl]')")
-    monkeypatch.setattr(_lapack, "_chosen", _lapack.choose(request.param))
-    return request.param
-
-
-def test_which_real_systems_the_solve_kernel_takes(lapack):
+def test_which_real_systems_the_solve_kernel_takes(lapack, monkeypatch):
     """The kernel/LAPACK split of real solves (``_tuning``), by size, dtype and the process's LAPACK, never
     the batch. Against MKL: float32 to n = 128, float64 to 96, under one work bound. Against OpenBLAS: both
-    to 96 under a smaller bound (64 x 128), which n <= 32 does not have. Complex: the small limits only."""
-    from lu_core._cpu import _tuning
+    to 96 under smaller bounds (64 x 128; 32 x 1024 up to n = 32), inside MKL's, so that a choice inside both
+    is made without choosing a LAPACK. Complex: the small limits only."""
+    from lu_core._cpu import _lapack, _tuning
     from lu_core._cpu.backend import _solve_by_kernel
 
     f32, f64, c64 = np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.complex64)
@@ -261,22 +251,37 @@ def test_which_real_systems_the_solve_kernel_takes(lapack):
     assert not _solve_by_kernel(64, 64, c64) and not _solve_by_kernel(64, 64, c128)  # complex: the small limits only
     work = _tuning.SOLVE_KERNEL_REAL_MAX_WORK
     for dt in (f32, f64):
-        assert _solve_by_kernel(32, work // 32, dt) and not _solve_by_kernel(32, work // 32 + 1, dt)
         assert _solve_by_kernel(512, 1, dt) and not _solve_by_kernel(513, 1, dt)  # n * nrhs <= 768 to n = 512
+        assert not _solve_by_kernel(32, work // 32 + 1, dt)
     if lapack == "mkl":
         assert _tuning.SOLVE_KERNEL_FLOAT32_MAX_N == 128 and _tuning.SOLVE_KERNEL_REAL_MAX_N == 96
         assert _solve_by_kernel(128, 64, f32) and not _solve_by_kernel(129, 64, f32)
         assert _solve_by_kernel(96, 64, f64) and not _solve_by_kernel(97, 64, f64)
         assert not _solve_by_kernel(128, 64, f64)
         assert _solve_by_kernel(128, work // 128, f32) and not _solve_by_kernel(128, work // 128 + 1, f32)
+        assert _solve_by_kernel(32, work // 32, f64) and _solve_by_kernel(96, 1024, f64)
     else:
-        bound = _tuning.SOLVE_KERNEL_OPENBLAS_MAX_WORK
-        assert _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N == 96 and bound == 8 * 1024
+        assert _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N == 96 and _tuning.SOLVE_KERNEL_OPENBLAS_MAX_WORK == 8 * 1024
+        assert _tuning.SOLVE_KERNEL_OPENBLAS_SMALL_N == 32 and _tuning.SOLVE_KERNEL_OPENBLAS_SMALL_WORK == 32 * 1024
         for dt in (f32, f64):
             assert _solve_by_kernel(96, 64, dt) and not _solve_by_kernel(96, 128, dt)
             assert _solve_by_kernel(64, 128, dt) and not _solve_by_kernel(64, 129, dt)
-            assert _solve_by_kernel(33, bound // 33, dt) and not _solve_by_kernel(33, bound // 33 + 1, dt)
-            assert not _solve_by_kernel(97, 8, dt) and not _solve_by_kernel(128, 64, dt)
+            assert _solve_by_kernel(33, 8192 // 33, dt) and not _solve_by_kernel(33, 8192 // 33 + 1, dt)
+            assert _solve_by_kernel(32, 1024, dt) and not _solve_by_kernel(32, 1025, dt)
+            assert not _solve_by_kernel(128, 64, dt) and not _solve_by_kernel(97, 8, dt)
+    # OpenBLAS's limits lie inside MKL's: a choice inside both never asks which LAPACK there is.
+    mkl_max_n = min(_tuning.SOLVE_KERNEL_REAL_MAX_N, _tuning.SOLVE_KERNEL_FLOAT32_MAX_N)
+    assert mkl_max_n >= _tuning.SOLVE_KERNEL_OPENBLAS_MAX_N
+    assert max(_tuning.SOLVE_KERNEL_OPENBLAS_MAX_WORK, _tuning.SOLVE_KERNEL_OPENBLAS_SMALL_WORK) <= work
+
+    def refused() -> None:
+        raise AssertionError("the LAPACK was asked for a choice inside both LAPACKs' limits")
+
+    monkeypatch.setattr(_lapack, "lapack", refused)
+    for dt in (f32, f64):
+        for n, nrhs in ((32, 1024), (64, 128), (96, 64), (16, 10**6), (512, 1)):
+            assert _solve_by_kernel(n, nrhs, dt)
+        assert not _solve_by_kernel(129, 8, dt) and not _solve_by_kernel(32, work // 32 + 1, dt)
 
 
 @pytest.mark.parametrize("left", [True, False])
