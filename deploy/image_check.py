@@ -196,8 +196,10 @@ def check_cpu(engine: Engine, image: str, report: Report) -> None:
                 assert lapack.startswith("MKL"), lapack
                 assert lapack.endswith("; GNU threading layer)"), lapack  # libgomp1 is in the image
                 summary = f"{lapack[:28]}...{lapack[-24:]}"
-            else:  # the image's MKL still has to work where it is asked for
+            else:  # OpenBLAS, MKL beside it for the threaded getrf of float64 and complex matrices up to n = 1024
                 assert lapack.startswith("SciPy ("), lapack
+                assert "; threaded getrf of float64 and complex matrices of n 257 to" in lapack, lapack
+                assert lapack.endswith("; GNU threading layer)"), lapack  # ... and MKL throughout where asked for
                 probe = (
                     "import numpy as np, lu_core; from lu_core._cpu import _lapack; "
                     "A = np.random.default_rng(1).standard_normal((2, 300, 300)) + 40 * np.eye(300); "
@@ -211,7 +213,8 @@ def check_cpu(engine: Engine, image: str, report: Report) -> None:
                 assert said.endswith("; GNU threading layer)"), said
                 summary = f"{lapack[:40]}; with LU_CORE_LAPACK=mkl {said[:28]}...{said[-24:]}"
             rng = np.random.default_rng(1)
-            # Past the kernels: LAPACK's getrf and getrs, one thread in the pool (130), threaded (300).
+            # Past the kernels: LAPACK's getrf and getrs, one thread in the pool (130), threaded (300: MKL's getrf
+            # under auto on any vendor's CPU).
             for n in (130, 300):
                 A = rng.standard_normal((n, n)) + 2 * np.sqrt(n) * np.eye(n)
                 B = rng.standard_normal(n)
@@ -220,7 +223,7 @@ def check_cpu(engine: Engine, image: str, report: Report) -> None:
                 np.testing.assert_allclose(A @ np.asarray(r.json()["X"]["data"]), B, rtol=1e-10, atol=1e-10)
             return f"{summary}; 130 x 130 and 300 x 300 /solve through the service's"
 
-        report.check("cpu: large matrices on the CPU's LAPACK (MKL on Intel's)", mkl)
+        report.check("cpu: large matrices on the CPU's LAPACK (MKL on Intel's, beside OpenBLAS on others')", mkl)
 
         def v2_binary() -> str:
             import tritonclient.http as httpclient

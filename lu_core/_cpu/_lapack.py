@@ -21,15 +21,18 @@ Pivots here are 0-based int32 (as SciPy's wrappers give them; MKL's 1-based ones
 
 Which LAPACK: ``LU_CORE_LAPACK`` read at the first call, ``auto`` (the default: MKL on an Intel CPU
 where the ``mkl`` wheel is installed and loads, see ``_mkl``, else SciPy's), ``mkl`` (an error without
-it) or ``scipy``. ``auto`` passes MKL over on other vendors' CPUs: on a 2-vCPU AMD EPYC with AVX2 (no
+it) or ``scipy``. ``auto`` keeps SciPy's on other vendors' CPUs: on a 2-vCPU AMD EPYC with AVX2 (no
 AVX-512), one thread, OpenBLAS's ``getrf`` took 0.48-0.77x MKL's time from n = 128 to 1024 (1.0x at
 float64 1024) and its ``getrs`` with 64 right-hand sides 0.30-0.83x, and over the core grid's cells
 from n = 128 lu_core on OpenBLAS had 12 ratios to the best peer above 1.2 where on MKL it had 22
-(``README.md``, Performance). Both follow LAPACK's pivot rule (first largest ``|re| + |im|``); their
-rounding differs, so a process keeps one for its lifetime. The size rule above holds for both; the
-pooled calls (and a lone matrix of a pooled size, :meth:`Lapack.factor_alone`) are held to one thread
-differently: SciPy's OpenBLAS through its process-wide count, set through the libraries threadpoolctl finds
-(:func:`_one_blas_thread`, with the limits above for concurrent callers), MKL per calling thread
+(``README.md``, Performance). There MKL, where installed, still factors what its threaded ``getrf`` does
+faster than OpenBLAS's: float64 and complex matrices from past the pool's sizes to
+``_tuning.MKL_THREADED_FACTOR_MAX_N`` (:meth:`Lapack.threaded_factor`; one 512 x 512 float64 matrix 0.59-0.64x
+OpenBLAS's time). Both follow LAPACK's pivot rule (first largest ``|re| + |im|``); their
+rounding differs, so a process keeps its choice for its lifetime, by size and dtype. The size rule above
+holds for both; the pooled calls (and a lone matrix of a pooled size, :meth:`Lapack.factor_alone`) are held
+to one thread differently: SciPy's OpenBLAS through its process-wide count, set through the libraries
+threadpoolctl finds (:func:`_one_blas_thread`, with the limits above for concurrent callers), MKL per calling thread
 (:meth:`MklLapack.one_thread`; on its GNU OpenMP layer the count is the thread's own), so MKL's pooled
 calls leave the process's BLAS setting and other threads' large matrices alone.
 """
@@ -70,10 +73,28 @@ class Lapack:
 
     #: Whether pooled calls hold it to one thread through the process's BLAS setting (:func:`_one_blas_thread`).
     process_wide = True
+    #: MKL, for the threaded ``getrf`` of the sizes and dtypes where it beats this one (:meth:`threaded_factor`).
+    threaded_mkl: MklLapack | None = None
 
-    def __init__(self) -> None:
+    def __init__(self, threaded_mkl: MklLapack | None = None) -> None:
         self.name = f"SciPy ({_scipy_lapack()})"
         self._alone: dict[np.dtype, Callable[[np.ndarray, np.ndarray], int]] = {}
+        if threaded_mkl is not None:
+            self.threaded_mkl = threaded_mkl
+            self.name += (
+                f"; threaded getrf of float64 and complex matrices of n {_tuning.LAPACK_POOL_MAX_N + 1} to "
+                f"{_tuning.MKL_THREADED_FACTOR_MAX_N} on {threaded_mkl.name}"
+            )
+
+    def threaded_factor(self, size: int, dtype: np.dtype) -> Lapack:
+        """The LAPACK that factors one matrix with ``max(m, n) == size`` past the pool's sizes, BLAS threaded:
+        this one, or MKL where ``LU_CORE_LAPACK=auto`` found it beside OpenBLAS on a CPU not Intel's and the
+        size and dtype are those where MKL's threaded ``getrf`` wins there (``_tuning.MKL_THREADED_FACTOR_*``).
+        From the size and dtype only, so a matrix gets the same bits alone as inside any batch."""
+        mkl = self.threaded_mkl
+        if mkl is not None and size <= _tuning.MKL_THREADED_FACTOR_MAX_N and dtype.char in "dFD":
+            return mkl
+        return self
 
     def factor(self, dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], int]:
         (fn,) = get_lapack_funcs(("getrf",), dtype=dtype)
@@ -207,20 +228,15 @@ def lapack() -> Lapack:
 
 
 def choose(choice: str) -> Lapack:
-    """The LAPACK for ``LU_CORE_LAPACK=choice`` (loading MKL if it is chosen). Under ``auto`` an MKL
-    that is installed but does not load (a broken or over-pruned install) is logged and passed over."""
+    """The LAPACK for ``LU_CORE_LAPACK=choice`` (loading MKL if it is chosen, or under ``auto`` beside SciPy's on
+    other vendors' CPUs, for :meth:`Lapack.threaded_factor`). Under ``auto`` an MKL that is installed but does not
+    load (a broken or over-pruned install) is logged and passed over."""
     choice = choice.strip().lower() or "auto"
     if choice not in CHOICES:
         raise ValueError(f"LU_CORE_LAPACK must be one of {', '.join(CHOICES)}, not {choice[:40]!r}")
     if choice == "scipy":
         return Lapack()
-    if choice == "auto":
-        vendor = cpu_vendor()
-        if not auto_takes_mkl(vendor):
-            if _mkl.library_path() is not None:
-                log.info("LU_CORE_LAPACK=auto: SciPy's LAPACK, not the installed MKL (slower off Intel's CPUs; "
-                         "this one is %s); LU_CORE_LAPACK=mkl takes it", vendor)  # fmt: skip
-            return Lapack()
+    beside = choice == "auto" and not auto_takes_mkl(vendor := cpu_vendor())  # OpenBLAS, MKL beside it
     try:
         mkl = _mkl.load()
     except (OSError, AttributeError, RuntimeError) as exc:
@@ -228,6 +244,12 @@ def choose(choice: str) -> Lapack:
             raise RuntimeError(f"LU_CORE_LAPACK=mkl, but MKL does not load: {exc}") from exc
         log.warning("MKL is installed but does not load (%s): large matrices go to SciPy's LAPACK", exc)
         return Lapack()
+    if beside and mkl is not None:
+        lo, hi = _tuning.LAPACK_POOL_MAX_N + 1, _tuning.MKL_THREADED_FACTOR_MAX_N
+        log.info("LU_CORE_LAPACK=auto: SciPy's LAPACK, faster than MKL off Intel's CPUs (this one is %s), but for "
+                 "the threaded getrf of float64 and complex matrices of n %d to %d, MKL's (LU_CORE_LAPACK=mkl "
+                 "takes MKL throughout)", vendor, lo, hi)  # fmt: skip
+        return Lapack(MklLapack(mkl))
     if mkl is not None:
         return MklLapack(mkl)
     if choice == "mkl":
@@ -443,8 +465,11 @@ def getrf(
     x 128 float64: 6.0 ms against 9.5 with one transposing copy of the whole batch first).
     """
     lp = lapack()
+    size = max(s.shape[1:])
+    if size > _tuning.LAPACK_POOL_MAX_N:
+        lp = lp.threaded_factor(size, s.dtype)
     factor = lp.factor(s.dtype)
-    src = _copied_ahead(src, transposed, s, max(s.shape[1:]))
+    src = _copied_ahead(src, transposed, s, size)
 
     def task(lo: int, hi: int) -> None:
         for b in range(lo, hi):
@@ -452,7 +477,7 @@ def getrf(
                 _copy_in(src, transposed, s, b)
             info[b] = factor(s[b].T, piv0[b])
 
-    _run_chunked(task, s.shape[0], max(s.shape[1:]), lp)
+    _run_chunked(task, s.shape[0], size, lp)
 
 
 def _copy_in(src: np.ndarray, transposed: bool, s: np.ndarray, b: int) -> None:

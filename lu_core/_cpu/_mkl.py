@@ -4,7 +4,8 @@ Used by :mod:`lu_core._cpu._lapack` when the ``mkl`` wheel is installed (``pip i
 'lu-service[mkl]'``, Linux x86-64) and ``LU_CORE_LAPACK`` is ``mkl``, or ``auto`` (the default) on an
 Intel CPU. SciPy's LAPACK is OpenBLAS's, whose ``getrf`` and ``getrs`` with many right-hand sides run at
 about half MKL's speed from n = 256 on an Intel Xeon (measured with PyTorch, whose wheel links MKL, as the
-peer: ``README.md``, Performance); on an AMD EPYC it is the other way round (``_lapack``'s docstring).
+peer: ``README.md``, Performance); on an AMD EPYC it is the other way round (``_lapack``'s docstring) but
+for MKL's threaded ``getrf`` of float64 and complex matrices, which ``auto`` takes there.
 The calls release the GIL (ctypes does), so the LAPACK pool's threads run them side by side, as they do
 SciPy's wrappers.
 

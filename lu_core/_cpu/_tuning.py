@@ -128,6 +128,16 @@ PARALLEL_MIN_WORK = 1 << 18
 #: bits alone as inside a batch.
 LAPACK_POOL_MAX_N = 256
 
+#: Where ``LU_CORE_LAPACK=auto`` keeps SciPy's OpenBLAS (CPUs not Intel's) and MKL is installed, float64 and
+#: complex matrices from ``LAPACK_POOL_MAX_N + 1`` to this ``max(m, n)`` are factored by MKL's threaded
+#: ``getrf`` (``_lapack.Lapack.threaded_factor``); float32, larger matrices, the pooled sizes and every solve
+#: stay on OpenBLAS. One matrix, lu_core's whole ``lu_factor``, MKL / OpenBLAS, two processes of each taking
+#: turns (2-vCPU AMD EPYC, Zen 3, AVX2, two threads, 2026-11-28): float64 320 1.03-1.09, 384 0.72-0.75,
+#: 512 0.59-0.64, 640 0.72-0.73, 768 0.83-0.86, 1024 0.90-0.96, 1536 0.98-1.02, 2048 0.97-1.01; complex128
+#: 320 0.69-0.71, 512 0.74-0.80, 1024 0.98-1.02; complex64 320 0.79-0.82, 512 0.75-0.79, 1024 0.96-1.04;
+#: float32 0.92-1.16 from 320 to 768, 1.39-1.57 at 1024.
+MKL_THREADED_FACTOR_MAX_N = 1024
+
 #: Largest ``max(m, n)`` unpacked by the fused per-matrix kernel; larger
 #: matrices are split row-parallel so that one big matrix uses every core
 #: (fused: 23 vs 27 ms at 100000x8x8, even at 16, 4% slower at 32).

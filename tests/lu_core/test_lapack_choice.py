@@ -39,12 +39,16 @@ def using(lapack: _lapack.Lapack) -> Iterator[None]:
 def _providers() -> list:
     out = [pytest.param("scipy", id="scipy")]
     out.append(pytest.param("mkl", id="mkl", marks=needs_mkl))
+    out.append(pytest.param("beside", id="openblas-mkl-beside", marks=needs_mkl))  # auto off Intel's CPUs
     return out
 
 
 @pytest.fixture(scope="module")
 def chosen() -> dict[str, _lapack.Lapack]:
-    return {"scipy": _lapack.choose("scipy"), **({"mkl": _lapack.choose("mkl")} if HAVE_MKL else {})}
+    if not HAVE_MKL:
+        return {"scipy": _lapack.choose("scipy")}
+    mkl = _lapack.choose("mkl")
+    return {"scipy": _lapack.choose("scipy"), "mkl": mkl, "beside": _lapack.Lapack(mkl)}
 
 
 # ------------------------------------------------------------------ the choice
@@ -84,25 +88,78 @@ def test_auto_takes_mkl_where_installed_and_the_process_keeps_its_choice(monkeyp
 
 @needs_mkl
 @pytest.mark.parametrize("vendor", ["AuthenticAMD", "HygonGenuine", "CentaurHauls"])
-def test_auto_passes_mkl_over_on_other_vendors_cpus_and_mkl_still_takes_it(monkeypatch, caplog, vendor):
-    """MKL runs slower than OpenBLAS on AMD's CPUs (``_lapack``'s docstring has the numbers): ``auto`` keeps
-    SciPy's there without loading MKL, says why in the log, and ``LU_CORE_LAPACK=mkl`` still gets MKL."""
+def test_auto_keeps_openblas_on_other_vendors_cpus_but_for_mkls_threaded_factors(monkeypatch, caplog, vendor):
+    """MKL runs slower than OpenBLAS on AMD's CPUs but for its threaded ``getrf`` of float64 and complex
+    matrices up to ``MKL_THREADED_FACTOR_MAX_N`` (``_tuning`` has the numbers): ``auto`` keeps SciPy's there with
+    MKL beside it for those, says so in the log, and ``LU_CORE_LAPACK=mkl`` still gets MKL throughout."""
     monkeypatch.setattr(_lapack, "cpu_vendor", lambda: vendor)
-    monkeypatch.setattr(_mkl, "load", lambda: pytest.fail("auto loaded MKL on a non-Intel CPU"))
     with caplog.at_level(logging.INFO, logger="lu_core._cpu._lapack"):
-        assert type(_lapack.choose("auto")) is _lapack.Lapack
-    assert f"SciPy's LAPACK, not the installed MKL (slower off Intel's CPUs; this one is {vendor})" in caplog.text
-    monkeypatch.undo()
-    monkeypatch.setattr(_lapack, "cpu_vendor", lambda: vendor)
+        chosen = _lapack.choose("auto")
+    assert type(chosen) is _lapack.Lapack and isinstance(chosen.threaded_mkl, _lapack.MklLapack)
+    assert chosen.threaded_mkl.mkl is _mkl.load()
+    assert f"SciPy's LAPACK, faster than MKL off Intel's CPUs (this one is {vendor}), but for" in caplog.text
+    assert (
+        chosen.name.startswith("SciPy (") and "; threaded getrf of float64 and complex matrices of n 257" in chosen.name
+    )
+    top = _tuning.MKL_THREADED_FACTOR_MAX_N
+    pool = _tuning.LAPACK_POOL_MAX_N
+    for size, dtype, mkl in [(pool + 1, "float64", True), (top, "complex64", True), (top, "complex128", True),
+                             (top + 1, "float64", False), (pool + 1, "float32", False), (top, "float32", False)]:  # fmt: skip
+        assert (chosen.threaded_factor(size, np.dtype(dtype)) is chosen.threaded_mkl) is mkl, (size, dtype)
+    assert chosen.threaded_factor(top + 1, np.dtype("float64")) is chosen
     assert isinstance(_lapack.choose("mkl"), _lapack.MklLapack)
+    assert _lapack.choose("mkl").threaded_factor(pool + 1, np.dtype("float32")) is not chosen  # MKL's own
+    assert _lapack.choose("scipy").threaded_mkl is None  # scipy: OpenBLAS throughout
+
+
+@needs_mkl
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex64"])
+def test_openblas_with_mkl_beside_factors_threaded_sizes_on_mkl_and_solves_on_openblas(rng, chosen, monkeypatch, dtype):
+    """The split end to end: which library each call reaches (spied), and the same answers as OpenBLAS alone."""
+    beside = chosen["beside"]
+    calls: list[str] = []
+
+    def spied(lp: _lapack.Lapack, name: str, method: str) -> None:
+        real = getattr(lp, method)
+
+        def wrapped(dt: np.dtype):
+            fn = real(dt)
+
+            def call(*args):
+                calls.append(f"{name}.{method}")
+                return fn(*args)
+
+            return call
+
+        monkeypatch.setattr(lp, method, wrapped)
+
+    for lp, name in ((beside, "openblas"), (beside.threaded_mkl, "mkl")):
+        for method in ("factor", "solve"):
+            spied(lp, name, method)
+    n = _tuning.LAPACK_POOL_MAX_N + 44
+    A = well_conditioned(rng, (2, n, n), dtype)
+    B = random_matrix(rng, (2, n, 3), dtype)
+    with using(chosen["scipy"]):
+        LU0, piv0 = lu_core.lu_factor(A)
+    with using(beside):
+        LU, piv = lu_core.lu_factor(A)
+        X = lu_core.lu_solve(LU, piv, B)
+        lu_core.lu_factor(A[:, :100, :100])  # a pooled size: OpenBLAS
+    on_mkl = dtype != "float32"
+    assert calls == [f"{'mkl' if on_mkl else 'openblas'}.factor"] * 2 + ["openblas.solve"] * 2 + ["openblas.factor"] * 2
+    np.testing.assert_array_equal(piv, piv0)
+    assert_close(LU, LU0, dtype, n, scale=float(np.abs(A).max()) * 4)
+    assert_close(A @ X, B, dtype, n, scale=4 * n)
 
 
 def test_auto_says_nothing_of_mkl_where_it_is_not_installed(monkeypatch, caplog):
     monkeypatch.setattr(_lapack, "cpu_vendor", lambda: "AuthenticAMD")
     monkeypatch.setattr(_mkl, "library_path", lambda: None)
+    monkeypatch.setattr(_mkl, "_loaded", None)  # as in a process without the wheel
     with caplog.at_level(logging.INFO, logger="lu_core._cpu._lapack"):
-        assert type(_lapack.choose("auto")) is _lapack.Lapack
-    assert "MKL" not in caplog.text
+        auto = _lapack.choose("auto")
+    assert type(auto) is _lapack.Lapack and auto.threaded_mkl is None
+    assert "MKL" not in caplog.text and "MKL" not in auto.name
 
 
 def test_the_cpu_vendor_is_read_from_cpuinfo(tmp_path):
@@ -117,15 +174,17 @@ def test_the_cpu_vendor_is_read_from_cpuinfo(tmp_path):
     assert _lapack.cpu_vendor() in (None, "GenuineIntel", "AuthenticAMD", "HygonGenuine", "CentaurHauls")
 
 
-def test_an_mkl_that_does_not_load_is_passed_over_by_auto_and_refused_by_mkl(monkeypatch, caplog):
-    monkeypatch.setattr(_lapack, "cpu_vendor", lambda: _lapack.INTEL)
+@pytest.mark.parametrize("vendor", [_lapack.INTEL, "AuthenticAMD"])
+def test_an_mkl_that_does_not_load_is_passed_over_by_auto_and_refused_by_mkl(monkeypatch, caplog, vendor):
+    monkeypatch.setattr(_lapack, "cpu_vendor", lambda: vendor)
 
     def broken():
         raise RuntimeError("libmkl_core is missing beside libmkl_rt.so.3 (an incomplete MKL install)")
 
     monkeypatch.setattr(_mkl, "load", broken)
     with caplog.at_level(logging.WARNING, logger="lu_core._cpu._lapack"):
-        assert type(_lapack.choose("auto")) is _lapack.Lapack
+        auto = _lapack.choose("auto")
+    assert type(auto) is _lapack.Lapack and auto.threaded_mkl is None
     assert "MKL is installed but does not load (libmkl_core is missing" in caplog.text
     with pytest.raises(RuntimeError, match="LU_CORE_LAPACK=mkl, but MKL does not load: libmkl_core is missing"):
         _lapack.choose("mkl")
@@ -338,10 +397,16 @@ def test_mkl_rounds_the_same_at_every_alignment(rng, chosen, dtype):
 
 @pytest.mark.parametrize("provider", _providers())
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_non_finite_matrices_on_each(rng, chosen, provider, dtype):
+@pytest.mark.parametrize("n", [40, _tuning.LAPACK_POOL_MAX_N + 1])
+def test_non_finite_matrices_on_each(rng, chosen, provider, dtype, n):
     """Infinities and NaNs reach LAPACK as they are: no crash, pivots in range, the same bits alone and
     in a batch but for NaNs' sign and payload (MKL's complex kernels gave a NaN of the other sign in some
-    runs, alone against batched: one NaN as good as another), and NaN answers where the matrix holds a NaN."""
+    runs, alone against batched: one NaN as good as another), and NaN answers where the matrix holds a NaN.
+
+    Not OpenBLAS's threaded real ``getrf`` (n = 257 here): with a NaN or an infinity in the matrix it chose
+    other pivots for the same matrix at another address (inside a batch a matrix starts at ``b * n * n``
+    elements, alone where the allocator put it), hence other bits; finite matrices round the same at every
+    address (``test_alone_equals_inside_a_batch_on_each``). There only the finite matrix is compared."""
 
     def _bits(x: np.ndarray) -> bytes:  # NaNs made one NaN, every other bit as it is
         x = np.ascontiguousarray(x)
@@ -351,7 +416,6 @@ def test_non_finite_matrices_on_each(rng, chosen, provider, dtype):
         parts[np.isnan(parts)] = np.nan
         return parts.tobytes()
 
-    n = 40
     A = well_conditioned(rng, (4, n, n), dtype)
     A[1, 3, 5] = np.inf
     A[2, 0, 0] = np.nan
@@ -361,7 +425,9 @@ def test_non_finite_matrices_on_each(rng, chosen, provider, dtype):
         LU, piv, _ = lu_core.lu_factor_ex(A)
         assert ((piv >= 1) & (piv <= n)).all()
         X = lu_core.lu_solve(LU, piv, B)
-        for i in range(4):
+        lp = chosen[provider]
+        openblas = n > _tuning.LAPACK_POOL_MAX_N and type(lp.threaded_factor(n, np.dtype(dtype))) is _lapack.Lapack
+        for i in range(1 if openblas and np.dtype(dtype).kind == "f" else 4):
             LUi, pivi, _ = lu_core.lu_factor_ex(A[i])
             assert _bits(LUi) == _bits(LU[i]) and _bits(pivi) == _bits(piv[i])
             assert _bits(lu_core.lu_solve(LUi, pivi, B[i])) == _bits(X[i])
