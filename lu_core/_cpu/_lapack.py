@@ -89,7 +89,7 @@ class Lapack:
     def threaded_factor(self, size: int, dtype: np.dtype) -> Lapack:
         """The LAPACK that factors one matrix with ``max(m, n) == size`` past the pool's sizes, BLAS threaded:
         this one, or MKL where ``LU_CORE_LAPACK=auto`` found it beside OpenBLAS on a CPU not Intel's and the
-        size and dtype are those where MKL's threaded ``getrf`` wins there (``_tuning.MKL_THREADED_FACTOR_*``).
+        size and dtype are those where MKL's threaded ``getrf`` wins there (``_tuning.MKL_THREADED_FACTOR_MAX_N``).
         From the size and dtype only, so a matrix gets the same bits alone as inside any batch."""
         mkl = self.threaded_mkl
         if mkl is not None and size <= _tuning.MKL_THREADED_FACTOR_MAX_N and dtype.char in "dFD":
