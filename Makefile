@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # Which extras `make serve` installs: add cuda12 or cuda13 on a GPU host,
 # e.g. `make serve EXTRAS=server,mkl,cuda12` (mkl: Intel MKL's LAPACK for large CPU matrices on
-# Intel CPUs, and for the threaded getrf of float64 and complex ones on others; a no-op off Linux x86-64;
+# Intel CPUs, and for the threaded getrf of float64 and complex ones of n 384-1024 on others; a no-op off Linux x86-64;
 # EXTRAS=server runs them on SciPy's OpenBLAS).
 EXTRAS ?= server,mkl
 

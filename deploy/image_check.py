@@ -196,9 +196,9 @@ def check_cpu(engine: Engine, image: str, report: Report) -> None:
                 assert lapack.startswith("MKL"), lapack
                 assert lapack.endswith("; GNU threading layer)"), lapack  # libgomp1 is in the image
                 summary = f"{lapack[:28]}...{lapack[-24:]}"
-            else:  # OpenBLAS, MKL beside it for the threaded getrf of float64 and complex matrices up to n = 1024
+            else:  # OpenBLAS, MKL beside it for the threaded getrf of float64 and complex matrices (_lapack.MKL_BESIDE)
                 assert lapack.startswith("SciPy ("), lapack
-                assert "; threaded getrf of float64 and complex matrices of n 257 to" in lapack, lapack
+                assert f"; {_lapack.MKL_BESIDE} on MKL (" in lapack, lapack
                 assert lapack.endswith("; GNU threading layer)"), lapack  # ... and MKL throughout where asked for
                 probe = (
                     "import numpy as np, lu_core; from lu_core._cpu import _lapack; "

@@ -91,11 +91,11 @@ _STOP = object()
 _MAX_SIGNATURES = 256
 
 #: The worker thread's stack. OpenBLAS's threaded getrf (SciPy's build, reached for n > 256 on the CPU
-#: where MKL is not installed or LU_CORE_LAPACK=scipy) puts ~0.5 MB frames on the caller's stack,
-#: recursively: n = 150 and 290 needed 3-5 MiB (measured: a thread with 3 MiB crashed, SIGSEGV in
-#: dgetrf_parallel's prologue). Threads get the process default (8 MiB from RLIMIT_STACK, less where the
-#: limit or a library says so); a server crashed that way under the full test suite. Only the pages
-#: touched are committed.
+#: where MKL is not installed, LU_CORE_LAPACK=scipy, or off Intel's CPUs for float32 and outside n 384-1024)
+#: puts ~0.5 MB frames on the caller's stack, recursively: n = 150 and 290 needed 3-5 MiB (measured: a thread
+#: with 3 MiB crashed, SIGSEGV in dgetrf_parallel's prologue). Threads get the process default (8 MiB from
+#: RLIMIT_STACK, less where the limit or a library says so); a server crashed that way under the full test
+#: suite. Only the pages touched are committed.
 WORKER_STACK_BYTES = 64 << 20
 
 

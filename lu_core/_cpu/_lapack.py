@@ -5,15 +5,19 @@ Each matrix is big enough that a call's overhead is noise. Matrices up to
 thread and a thread pool take in turn (SciPy's LAPACK wrappers release the GIL), with BLAS
 held to one thread so the cores are not oversubscribed. Larger ones are done one
 after another with BLAS's own threads. The choice depends on the matrix size
-only, never on the batch size, because OpenBLAS's threaded and serial ``getrf``
-round differently: a matrix gets the same bits alone as inside any batch (when
-one Python thread calls at a time: the one-BLAS-thread setting is the process's,
+(and for the threaded factor, the dtype: :meth:`Lapack.threaded_factor`) only, never on the batch size, because
+OpenBLAS's threaded and serial ``getrf`` round differently: a matrix gets the same bits alone as inside any batch
+(when one Python thread calls at a time: the one-BLAS-thread setting is the process's,
 held from the first concurrent call's start to the last one's end). Limits, with
-several Python threads calling at once: a large matrix (BLAS threaded inside) factored
-while another thread is in a pooled batch runs with one BLAS thread, so other bits;
+several Python threads calling at once: a large matrix that OpenBLAS factors (BLAS threaded inside)
+while another thread is in a pooled batch runs with one BLAS thread, so other bits (not one that MKL factors:
+its count is the calling thread's own);
 and an OpenBLAS built on OpenMP (not SciPy's wheels, which use pthreads) takes the
 count per calling thread, which this module does not handle. The service calls
-lu_core from one worker thread.
+lu_core from one worker thread. One more limit, OpenBLAS's own: its threaded real ``getrf`` chose other
+pivots for a matrix holding a NaN or an infinity at another address (inside a batch a matrix starts at
+``b * n * n`` elements, alone where the allocator put it), so such a matrix can get other bits alone than in a
+batch; finite matrices round the same at every address (``tests/lu_core/test_lapack_choice.py``).
 
 Arrays follow the CPU backend's storage: ``s[b]`` is the transposed matrix,
 so ``s[b].T`` is the Fortran-ordered matrix LAPACK wants, with no copy.
@@ -26,8 +30,8 @@ AVX-512), one thread, OpenBLAS's ``getrf`` took 0.48-0.77x MKL's time from n = 1
 float64 1024) and its ``getrs`` with 64 right-hand sides 0.30-0.83x, and over the core grid's cells
 from n = 128 lu_core on OpenBLAS had 12 ratios to the best peer above 1.2 where on MKL it had 22
 (``README.md``, Performance). There MKL, where installed, still factors what its threaded ``getrf`` does
-faster than OpenBLAS's: float64 and complex matrices from past the pool's sizes to
-``_tuning.MKL_THREADED_FACTOR_MAX_N`` (:meth:`Lapack.threaded_factor`; one 512 x 512 float64 matrix 0.59-0.64x
+faster than OpenBLAS's: float64 and complex matrices of ``_tuning.MKL_THREADED_FACTOR_MIN_N`` to
+``MKL_THREADED_FACTOR_MAX_N`` (:meth:`Lapack.threaded_factor`; one 512 x 512 float64 matrix 0.59-0.64x
 OpenBLAS's time). Both follow LAPACK's pivot rule (first largest ``|re| + |im|``); their
 rounding differs, so a process keeps its choice for its lifetime, by size and dtype. The size rule above
 holds for both; the pooled calls (and a lone matrix of a pooled size, :meth:`Lapack.factor_alone`) are held
@@ -81,18 +85,15 @@ class Lapack:
         self._alone: dict[np.dtype, Callable[[np.ndarray, np.ndarray], int]] = {}
         if threaded_mkl is not None:
             self.threaded_mkl = threaded_mkl
-            self.name += (
-                f"; threaded getrf of float64 and complex matrices of n {_tuning.LAPACK_POOL_MAX_N + 1} to "
-                f"{_tuning.MKL_THREADED_FACTOR_MAX_N} on {threaded_mkl.name}"
-            )
+            self.name += f"; {MKL_BESIDE} on {threaded_mkl.name}"
 
     def threaded_factor(self, size: int, dtype: np.dtype) -> Lapack:
-        """The LAPACK that factors one matrix with ``max(m, n) == size`` past the pool's sizes, BLAS threaded:
-        this one, or MKL where ``LU_CORE_LAPACK=auto`` found it beside OpenBLAS on a CPU not Intel's and the
-        size and dtype are those where MKL's threaded ``getrf`` wins there (``_tuning.MKL_THREADED_FACTOR_MAX_N``).
-        From the size and dtype only, so a matrix gets the same bits alone as inside any batch."""
+        """The LAPACK that factors a matrix with ``max(m, n) == size``: this one, or MKL where ``LU_CORE_LAPACK=auto``
+        put it beside OpenBLAS (a CPU not Intel's) and the size and dtype are those where MKL's threaded ``getrf``
+        wins there (``_tuning.MKL_THREADED_FACTOR_*``). From the size and dtype only, so a matrix gets the same
+        bits alone as inside any batch."""
         mkl = self.threaded_mkl
-        if mkl is not None and size <= _tuning.MKL_THREADED_FACTOR_MAX_N and dtype.char in "dFD":
+        if mkl is not None and dtype.name in _tuning.MKL_THREADED_FACTOR_DTYPES and _in_mkl_band(size):
             return mkl
         return self
 
@@ -245,10 +246,12 @@ def choose(choice: str) -> Lapack:
         log.warning("MKL is installed but does not load (%s): large matrices go to SciPy's LAPACK", exc)
         return Lapack()
     if beside and mkl is not None:
-        lo, hi = _tuning.LAPACK_POOL_MAX_N + 1, _tuning.MKL_THREADED_FACTOR_MAX_N
+        if mkl.threading_layer == "SEQUENTIAL":  # one thread: slower than OpenBLAS's threaded getrf, as it is here
+            log.info("LU_CORE_LAPACK=auto: SciPy's LAPACK, faster than MKL off Intel's CPUs (this one is %s), also "
+                     "for the threaded getrf (MKL runs on its SEQUENTIAL layer here)", vendor)  # fmt: skip
+            return Lapack()
         log.info("LU_CORE_LAPACK=auto: SciPy's LAPACK, faster than MKL off Intel's CPUs (this one is %s), but for "
-                 "the threaded getrf of float64 and complex matrices of n %d to %d, MKL's (LU_CORE_LAPACK=mkl "
-                 "takes MKL throughout)", vendor, lo, hi)  # fmt: skip
+                 "the %s, MKL's (LU_CORE_LAPACK=mkl takes MKL throughout)", vendor, MKL_BESIDE)  # fmt: skip
         return Lapack(MklLapack(mkl))
     if mkl is not None:
         return MklLapack(mkl)
@@ -258,6 +261,20 @@ def choose(choice: str) -> Lapack:
 
 
 INTEL = "GenuineIntel"
+
+
+def _in_mkl_band(size: int) -> bool:
+    """Whether MKL beside OpenBLAS factors matrices with ``max(m, n) == size`` (of its dtypes): always past the
+    pool's sizes, whose calls run one thread each (OpenBLAS's faster there)."""
+    low = max(_tuning.LAPACK_POOL_MAX_N + 1, _tuning.MKL_THREADED_FACTOR_MIN_N)
+    return low <= size <= _tuning.MKL_THREADED_FACTOR_MAX_N
+
+
+#: What MKL factors beside OpenBLAS (:meth:`Lapack.threaded_factor`), as the LAPACK's name and the log say it.
+MKL_BESIDE = (
+    f"threaded getrf of {', '.join(_tuning.MKL_THREADED_FACTOR_DTYPES)} matrices of n "
+    f"{max(_tuning.LAPACK_POOL_MAX_N + 1, _tuning.MKL_THREADED_FACTOR_MIN_N)} to {_tuning.MKL_THREADED_FACTOR_MAX_N}"
+)
 
 
 def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str | None:
@@ -464,10 +481,8 @@ def getrf(
     that LAPACK finds it in cache and, on the pool, the copies run on every core (100 x 128
     x 128 float64: 6.0 ms against 9.5 with one transposing copy of the whole batch first).
     """
-    lp = lapack()
     size = max(s.shape[1:])
-    if size > _tuning.LAPACK_POOL_MAX_N:
-        lp = lp.threaded_factor(size, s.dtype)
+    lp = lapack().threaded_factor(size, s.dtype)
     factor = lp.factor(s.dtype)
     src = _copied_ahead(src, transposed, s, size)
 

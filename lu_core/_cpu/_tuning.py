@@ -18,7 +18,8 @@ update loops were made vectorizable:
 A single matrix (batch 1, serial kernel against one LAPACK call) gives the
 same picture: the kernel wins to n = 96 (0.6x) and loses from 128 (1.4x).
 
-These crossovers were measured against SciPy's OpenBLAS. MKL (``_mkl``, used on Intel CPUs where installed) is
+These crossovers were measured against SciPy's OpenBLAS. MKL (``_mkl``, used on Intel CPUs where installed, and
+on others for the threaded factors ``MKL_THREADED_FACTOR_*`` name) is
 as fast as OpenBLAS at n = 128 (one 128 x 128 ``getrf``: 0.084-0.088 ms against 0.090-0.096, 2-vCPU
 Intel Xeon, 2026-11-27) and pulls ahead from n = 256, past every kernel/LAPACK crossover below, so
 they stand for both, except the solve kernel's limits (``SOLVE_KERNEL_OPENBLAS_*``: OpenBLAS's ``getrs``
@@ -128,8 +129,8 @@ PARALLEL_MIN_WORK = 1 << 18
 #: bits alone as inside a batch.
 LAPACK_POOL_MAX_N = 256
 
-#: Where ``LU_CORE_LAPACK=auto`` keeps SciPy's OpenBLAS (CPUs not Intel's) and MKL is installed, float64 and
-#: complex matrices from ``LAPACK_POOL_MAX_N + 1`` to this ``max(m, n)`` are factored by MKL's threaded
+#: Where ``LU_CORE_LAPACK=auto`` keeps SciPy's OpenBLAS (CPUs not Intel's) and MKL is installed on its GNU
+#: OpenMP layer, float64 and complex matrices up to this ``max(m, n)`` are factored by MKL's threaded
 #: ``getrf`` (``_lapack.Lapack.threaded_factor``); float32, larger matrices, the pooled sizes and every solve
 #: stay on OpenBLAS. One matrix, lu_core's whole ``lu_factor``, MKL / OpenBLAS, two processes of each taking
 #: turns (2-vCPU AMD EPYC, Zen 3, AVX2, two threads, 2026-11-28): float64 320 1.03-1.09, 384 0.72-0.75,
@@ -137,6 +138,15 @@ LAPACK_POOL_MAX_N = 256
 #: 320 0.69-0.71, 512 0.74-0.80, 1024 0.98-1.02; complex64 320 0.79-0.82, 512 0.75-0.79, 1024 0.96-1.04;
 #: float32 0.92-1.16 from 320 to 768, 1.39-1.57 at 1024.
 MKL_THREADED_FACTOR_MAX_N = 1024
+
+#: ... from this ``max(m, n)`` (and always past ``LAPACK_POOL_MAX_N``) ... Below it MKL did not win: the same
+#: measurement, three processes of each taking turns, float64 257 1.04-1.16, 288 0.94-1.02, 320 0.89-0.99,
+#: 352 1.11-1.30, 384 0.82-1.17 (0.72-0.75 in the first measurement); complex128 257 0.92-0.97, 288 0.68-1.19;
+#: complex64 257 0.79-1.12, 288 0.92-1.02 (complex at 320 gained, 0.69-0.82: left out for one bound).
+MKL_THREADED_FACTOR_MIN_N = 384
+
+#: ... in these dtypes.
+MKL_THREADED_FACTOR_DTYPES = ("float64", "complex64", "complex128")
 
 #: Largest ``max(m, n)`` unpacked by the fused per-matrix kernel; larger
 #: matrices are split row-parallel so that one big matrix uses every core

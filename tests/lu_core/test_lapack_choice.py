@@ -97,19 +97,36 @@ def test_auto_keeps_openblas_on_other_vendors_cpus_but_for_mkls_threaded_factors
         chosen = _lapack.choose("auto")
     assert type(chosen) is _lapack.Lapack and isinstance(chosen.threaded_mkl, _lapack.MklLapack)
     assert chosen.threaded_mkl.mkl is _mkl.load()
-    assert f"SciPy's LAPACK, faster than MKL off Intel's CPUs (this one is {vendor}), but for" in caplog.text
-    assert (
-        chosen.name.startswith("SciPy (") and "; threaded getrf of float64 and complex matrices of n 257" in chosen.name
-    )
+    assert f"SciPy's LAPACK, faster than MKL off Intel's CPUs (this one is {vendor}), but for the" in caplog.text
+    assert chosen.name.startswith("SciPy (") and f"; {_lapack.MKL_BESIDE} on MKL (" in chosen.name
+    assert _lapack.MKL_BESIDE.startswith("threaded getrf of float64, complex64, complex128 matrices of n ")
     top = _tuning.MKL_THREADED_FACTOR_MAX_N
-    pool = _tuning.LAPACK_POOL_MAX_N
-    for size, dtype, mkl in [(pool + 1, "float64", True), (top, "complex64", True), (top, "complex128", True),
-                             (top + 1, "float64", False), (pool + 1, "float32", False), (top, "float32", False)]:  # fmt: skip
+    low = max(_tuning.LAPACK_POOL_MAX_N + 1, _tuning.MKL_THREADED_FACTOR_MIN_N)
+    for size, dtype, mkl in [(low, "float64", True), (top, "complex64", True), (top, "complex128", True),
+                             (top + 1, "float64", False), (low - 1, "float64", False), (100, "complex128", False),
+                             (low, "float32", False), (top, "float32", False)]:  # fmt: skip
         assert (chosen.threaded_factor(size, np.dtype(dtype)) is chosen.threaded_mkl) is mkl, (size, dtype)
     assert chosen.threaded_factor(top + 1, np.dtype("float64")) is chosen
-    assert isinstance(_lapack.choose("mkl"), _lapack.MklLapack)
-    assert _lapack.choose("mkl").threaded_factor(pool + 1, np.dtype("float32")) is not chosen  # MKL's own
+    on_mkl = _lapack.choose("mkl")
+    assert isinstance(on_mkl, _lapack.MklLapack) and on_mkl.threaded_factor(low, np.dtype("float32")) is on_mkl
     assert _lapack.choose("scipy").threaded_mkl is None  # scipy: OpenBLAS throughout
+
+
+def test_auto_keeps_openblas_throughout_beside_an_mkl_on_one_thread(monkeypatch, caplog):
+    """MKL on its SEQUENTIAL layer (no ``libgomp``, or ``MKL_THREADING_LAYER=SEQUENTIAL``) runs its "threaded"
+    ``getrf`` on one thread, slower than OpenBLAS's threaded one: ``auto`` leaves it out on other vendors' CPUs."""
+
+    class OneThread:
+        threading_layer, version = "SEQUENTIAL", "MKL (a stand-in)"
+
+    monkeypatch.setattr(_lapack, "cpu_vendor", lambda: "AuthenticAMD")
+    monkeypatch.setattr(_mkl, "load", lambda: OneThread())
+    with caplog.at_level(logging.INFO, logger="lu_core._cpu._lapack"):
+        chosen = _lapack.choose("auto")
+    assert type(chosen) is _lapack.Lapack and chosen.threaded_mkl is None and "MKL" not in chosen.name
+    assert "also for the threaded getrf (MKL runs on its SEQUENTIAL layer here)" in caplog.text
+    monkeypatch.setattr(_lapack, "cpu_vendor", lambda: _lapack.INTEL)  # on Intel's, MKL throughout all the same
+    assert isinstance(_lapack.choose("auto"), _lapack.MklLapack)
 
 
 @needs_mkl
@@ -136,7 +153,7 @@ def test_openblas_with_mkl_beside_factors_threaded_sizes_on_mkl_and_solves_on_op
     for lp, name in ((beside, "openblas"), (beside.threaded_mkl, "mkl")):
         for method in ("factor", "solve"):
             spied(lp, name, method)
-    n = _tuning.LAPACK_POOL_MAX_N + 44
+    n = max(_tuning.LAPACK_POOL_MAX_N + 1, _tuning.MKL_THREADED_FACTOR_MIN_N) + 20
     A = well_conditioned(rng, (2, n, n), dtype)
     B = random_matrix(rng, (2, n, 3), dtype)
     with using(chosen["scipy"]):
@@ -309,7 +326,7 @@ def _bits(x: np.ndarray) -> bytes:
 
 @pytest.mark.parametrize("provider", _providers())
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [32, 33, _tuning.LAPACK_POOL_MAX_N + 1])
+@pytest.mark.parametrize("n", [32, 33, _tuning.LAPACK_POOL_MAX_N + 1, _tuning.MKL_THREADED_FACTOR_MIN_N + 1])
 def test_alone_equals_inside_a_batch_on_each(rng, chosen, provider, dtype, n):
     """On MKL's GNU threading layer its thread count is per thread: a pool thread left at MKL's
     default (two threads) gave other bits for a 32 x 64 complex ``getrs`` than the calling thread, in
@@ -359,11 +376,13 @@ def test_pool_threads_run_mkl_on_one_thread_and_give_it_back(chosen, monkeypatch
 
 @needs_mkl
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_mkl_rounds_the_same_at_every_alignment(rng, chosen, dtype):
+@pytest.mark.parametrize("n", [45, _tuning.LAPACK_POOL_MAX_N + 44])
+def test_mkl_rounds_the_same_at_every_alignment(rng, chosen, dtype, n):
     """Inside a batch a matrix starts at ``b * n * n * itemsize`` bytes, alone where NumPy's allocator put
     it: the bits must not depend on the address modulo a cache line (MKL's reproducibility conditions
-    name alignment; on this machine kind it made no difference). One and 64 right-hand sides, each trans."""
-    n = 45
+    name alignment; on this machine kind it made no difference). One and 64 right-hand sides, each trans;
+    n = 45 on one thread, as pooled calls run, and a threaded size on MKL's own count, as MKL factors it
+    alone or beside OpenBLAS."""
     A = well_conditioned(rng, (n, n), dtype)
     B = random_matrix(rng, (n, 64), dtype)
     itemsize = np.dtype(dtype).itemsize
@@ -377,7 +396,8 @@ def test_mkl_rounds_the_same_at_every_alignment(rng, chosen, dtype):
         return y
 
     results = []
-    previous = chosen["mkl"].mkl.set_local_threads(1)  # as the pooled calls run (n = 45)
+    pooled = n <= _tuning.LAPACK_POOL_MAX_N
+    previous = chosen["mkl"].mkl.set_local_threads(1 if pooled else 0)  # 0: the process's count
     for offset in range(0, 64, itemsize):
         lu, piv = at(A, offset), np.empty(n, np.int32)
         assert factor(lu, piv) == 0
@@ -397,13 +417,13 @@ def test_mkl_rounds_the_same_at_every_alignment(rng, chosen, dtype):
 
 @pytest.mark.parametrize("provider", _providers())
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [40, _tuning.LAPACK_POOL_MAX_N + 1])
+@pytest.mark.parametrize("n", [40, _tuning.LAPACK_POOL_MAX_N + 1, _tuning.MKL_THREADED_FACTOR_MIN_N + 1])
 def test_non_finite_matrices_on_each(rng, chosen, provider, dtype, n):
     """Infinities and NaNs reach LAPACK as they are: no crash, pivots in range, the same bits alone and
     in a batch but for NaNs' sign and payload (MKL's complex kernels gave a NaN of the other sign in some
     runs, alone against batched: one NaN as good as another), and NaN answers where the matrix holds a NaN.
 
-    Not OpenBLAS's threaded real ``getrf`` (n = 257 here): with a NaN or an infinity in the matrix it chose
+    Not OpenBLAS's threaded real ``getrf`` (n > 256 here): with a NaN or an infinity in the matrix it chose
     other pivots for the same matrix at another address (inside a batch a matrix starts at ``b * n * n``
     elements, alone where the allocator put it), hence other bits; finite matrices round the same at every
     address (``test_alone_equals_inside_a_batch_on_each``). There only the finite matrix is compared."""
