@@ -31,9 +31,10 @@ RUN sed '/^cupy-/d' /tmp/constraints.txt > /tmp/requirements.txt \
 # Intel MKL for the cpu target's large matrices on Intel hosts (lu_core/_cpu/_mkl.py; LU_CORE_LAPACK=auto keeps
 # OpenBLAS on other vendors' CPUs, where MKL measured slower, but for its threaded getrf of float64 and complex
 # matrices of n 384 to 1024; the gpu target's CPU fallback keeps SciPy's OpenBLAS). Without its intel-openmp
-# and tbb dependencies: MKL runs on the GNU OpenMP layer, Numba's (libgomp1, installed in the runtime stage). Without the libraries lu_core never loads
-# (ScaLAPACK, BLACS, cluster FFT, vector math, the 64-bit-integer interface, Intel's and TBB's threading
-# layers: MKL_THREADING_LAYER=INTEL or TBB would fail in this image): 650 -> 470 MB.
+# and tbb dependencies: MKL runs on the GNU OpenMP layer, Numba's (libgomp1, installed in the runtime stage).
+# Without the libraries lu_core never loads (ScaLAPACK, BLACS, cluster FFT, vector math, the 64-bit-integer
+# interface, Intel's and TBB's threading layers: MKL_THREADING_LAYER=INTEL or TBB would fail in this image):
+# 650 -> 470 MB.
 FROM deps AS deps-cpu
 ARG MKL_VERSION=2026.2.0
 RUN pip install --no-deps "mkl==${MKL_VERSION}" \
