@@ -850,6 +850,23 @@ def test_a_broken_factorization_kernel_is_caught(build_dir, monkeypatch, defect)
         _small_getrf(exe, np.random.default_rng(0).standard_normal(shape))
 
 
+def test_a_deadlock_is_reported_at_once(build_dir, monkeypatch):
+    """Half of each warp waits at its warp's barrier, the other half at the block's: no thread can go on,
+    and the emulator says so as soon as none can (not after a timeout)."""
+    exe = _broken(
+        build_dir,
+        "address",
+        "small_lu.cu",
+        "__syncwarp();  // the swapped rows, and every lane's reads of the column, before it changes",
+        "if ((threadIdx.x & 31) < 16) __syncwarp(); else __syncthreads();",
+        monkeypatch,
+    )
+    with pytest.raises(
+        simt.KernelFailed, match=r"__syncwarp at line \d+: 16 of 32 threads arrived, the rest never did"
+    ):
+        _small_getrf(exe, np.random.default_rng(0).standard_normal((16, 8, 8)))  # four warps, each busy
+
+
 def test_lanes_at_different_calls_of_one_shuffle_helper_are_caught(build_dir, monkeypatch):
     """The same count of shuffles, the same source line, but two call sites of small_lu.cu's shfl()."""
     exe = _broken(

@@ -4,13 +4,18 @@
 // device is lent. The kernel sources (kernels.cu, small_lu.cu, unchanged but for
 // the `extern __shared__` declarations, see simt.py) are compiled by the host
 // C++ compiler against this header and launched with the backend's own launch
-// shapes (lu_core/_gpu/_launch.py). Every thread of a block is an OS thread;
-// the blocks of a grid run one after another (CUDA promises no order between
-// blocks). What is emulated, and checked on the way:
+// shapes (lu_core/_gpu/_launch.py). Every thread of a block is a fiber (its own
+// stack, switched with swapcontext) of one OS thread, which runs until it reaches
+// a barrier or leaves the kernel, then hands over to the next fiber that can go
+// on. (An OS thread per CUDA thread spent most of a 32 x 32 factor's time in the
+// operating system: 128 threads switched at every shuffle, 333,000 context
+// switches in one launch on two cores.) Each thread runs its part of every block in turn (CUDA promises no
+// order between blocks). What is emulated, and checked on the way:
 //
 // * __syncthreads, __syncwarp: barriers of the block's / the warp's threads.
-//   A thread that never arrives (divergence around a barrier), or that has
-//   left the kernel while others wait, stops the run with a message.
+//   A thread that never arrives (divergence around a barrier: no fiber can go
+//   on, found at once), or that has left the kernel while others wait, stops
+//   the run with a message.
 // * __shfl_sync, __shfl_xor_sync: the warp's lanes exchange values through a
 //   barrier. Only the full mask is used by the kernels and emulated; all 32
 //   lanes must reach the same shuffle, otherwise the run stops (on the device:
@@ -39,7 +44,12 @@
 // Built with AddressSanitizer + UndefinedBehaviorSanitizer (out-of-bounds
 // accesses, signed overflow in index arithmetic) and, separately, with
 // ThreadSanitizer (two threads touching the same memory without a barrier
-// between them: a missing __syncwarp / __syncthreads).
+// between them: a missing __syncwarp / __syncthreads). Both are told of every
+// fiber switch (the sanitizers' fiber interfaces). ThreadSanitizer sees the
+// fibers as threads that share nothing but what a barrier orders: each switch
+// is made without synchronisation, the emulator's own bookkeeping is relaxed
+// atomics (which order nothing), and a barrier orders memory by releasing, on
+// arrival, a token of its generation, which each thread acquires on leaving it.
 //
 // Stricter than CUDA in two ways, neither met by the kernels today: a thread
 // that has left the kernel while others wait at a barrier stops the run (on
@@ -49,16 +59,22 @@
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <type_traits>
 #include <vector>
+
+#include <ucontext.h>
+
+#ifdef __SANITIZE_ADDRESS__
+#include <sanitizer/common_interface_defs.h>
+#endif
+#ifdef __SANITIZE_THREAD__
+#include <sanitizer/tsan_interface.h>
+#endif
 
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -79,8 +95,92 @@ namespace simt {
     std::_Exit(3);
 }
 
-// Seconds a barrier waits for its last thread before calling the run a deadlock.
-inline int timeout_s = 60;
+class Barrier;
+struct Block;
+
+// One thread of the launch: a fiber with its own stack.
+struct Fiber {
+    ucontext_t context{};
+    void* stack = nullptr;
+    std::size_t stack_bytes = 0;
+    void* tsan = nullptr;  // ThreadSanitizer's state for it
+    dim3 thread_idx, block_idx;
+    Block* block = nullptr;
+    std::atomic<const Barrier*> waiting{nullptr};  // the barrier it waits at, and that barrier's generation then
+    std::atomic<unsigned long> generation{0};
+    std::atomic<bool> done{false};
+};
+
+// The launch's fibers, the one running, and what the OS thread was running before them.
+inline std::atomic<std::vector<Fiber>*> fibers{nullptr};
+inline std::atomic<Fiber*> running{nullptr};
+inline ucontext_t main_context;
+inline void* main_tsan = nullptr;
+inline const void* main_stack = nullptr;
+inline std::size_t main_stack_bytes = 0;
+
+inline Fiber& self() { return *running.load(std::memory_order_relaxed); }
+
+// Happens-before for ThreadSanitizer (nothing in other builds).
+inline void release(void* token) {
+#ifdef __SANITIZE_THREAD__
+    __tsan_release(token);
+#else
+    (void)token;
+#endif
+}
+inline void acquire(void* token) {
+#ifdef __SANITIZE_THREAD__
+    __tsan_acquire(token);
+#else
+    (void)token;
+#endif
+}
+
+// From fiber ``from`` (nullptr: the OS thread's own context) to ``to`` (likewise). A fiber that has
+// finished never comes back, and says so, so AddressSanitizer forgets its stack.
+inline void jump(Fiber* from, Fiber* to, bool finished = false) {
+    running.store(to, std::memory_order_relaxed);
+#ifdef __SANITIZE_ADDRESS__
+    void* fake_stack = nullptr;
+    __sanitizer_start_switch_fiber(finished ? nullptr : &fake_stack, to ? to->stack : main_stack,
+                                   to ? to->stack_bytes : main_stack_bytes);
+#endif
+#ifdef __SANITIZE_THREAD__
+    // Back to the OS thread's own context only once every thread has finished: that switch orders
+    // the last thread's end before the launch frees the fibers.
+    __tsan_switch_to_fiber(to ? to->tsan : main_tsan, to ? __tsan_switch_to_fiber_no_sync : 0);
+#endif
+    if (swapcontext(from ? &from->context : &main_context, to ? &to->context : &main_context) != 0)
+        fail("swapcontext failed");
+#ifdef __SANITIZE_ADDRESS__
+    __sanitizer_finish_switch_fiber(fake_stack, nullptr, nullptr);
+#endif
+    (void)finished;
+}
+
+inline void stuck(const Fiber& f);
+
+inline bool can_go_on(const Fiber& f);
+
+// ``me`` cannot go on (it waits, or has finished): the next fiber that can, in turn, runs; once every
+// fiber has finished, the OS thread's own context; if none can go on and some have not finished, the
+// run stops (a deadlock: threads wait at barriers that the others never reach).
+inline void hand_over(Fiber& me) {
+    std::vector<Fiber>& all = *fibers.load(std::memory_order_relaxed);
+    const std::size_t n = all.size(), i = static_cast<std::size_t>(&me - all.data());
+    for (std::size_t k = 1; k <= n; ++k) {
+        Fiber& next = all[(i + k) % n];
+        if (can_go_on(next)) {
+            if (&next != &me) jump(&me, &next);
+            return;
+        }
+    }
+    for (const Fiber& f : all) {
+        if (!f.done.load(std::memory_order_relaxed)) stuck(f);
+    }
+    jump(&me, nullptr, true);
+}
 
 class Barrier {
   public:
@@ -88,64 +188,87 @@ class Barrier {
 
     // ``site`` tells the barrier's call sites apart (see shuffle below); ``line`` is for messages.
     void arrive_and_wait(const char* what, int line, std::uintptr_t site = 0, std::uintptr_t caller = 0) {
-        std::unique_lock<std::mutex> lock(mutex_);
-        if (arrived_ == 0) {
-            what_ = what;
-            line_ = line;
-            site_ = site;
-            caller_ = caller;
-        } else if (line != line_ || site != site_ || caller != caller_ || std::strcmp(what, what_) != 0) {
+        const int arrived = arrived_.load(std::memory_order_relaxed);
+        if (arrived == 0) {
+            what_.store(what, std::memory_order_relaxed);
+            line_.store(line, std::memory_order_relaxed);
+            site_.store(site, std::memory_order_relaxed);
+            caller_.store(caller, std::memory_order_relaxed);
+        } else if (line != line_.load(std::memory_order_relaxed) || site != site_.load(std::memory_order_relaxed) ||
+                   caller != caller_.load(std::memory_order_relaxed) ||
+                   std::strcmp(what, what_.load(std::memory_order_relaxed)) != 0) {
             char msg[256];
             std::snprintf(msg, sizeof msg, "%s at line %d while others wait at %s at line %d (divergent barrier)",
-                          what, line, what_, line_);
+                          what, line, what_.load(std::memory_order_relaxed), line_.load(std::memory_order_relaxed));
             fail(msg);
         }
         check_exited(what, line);
-        const unsigned long generation = generation_;
-        if (++arrived_ == expected_) {
-            arrived_ = 0;
-            ++generation_;
-            cv_.notify_all();
-            return;
+        const unsigned long generation = generation_.load(std::memory_order_relaxed);
+        void* token = &tokens_[generation & 1];  // no thread arrives at generation + 2 before all have left this one
+        release(token);
+        if (arrived + 1 == expected_) {
+            arrived_.store(0, std::memory_order_relaxed);
+            generation_.store(generation + 1, std::memory_order_relaxed);
+        } else {
+            arrived_.store(arrived + 1, std::memory_order_relaxed);
+            Fiber& me = self();
+            me.generation.store(generation, std::memory_order_relaxed);
+            me.waiting.store(this, std::memory_order_relaxed);
+            hand_over(me);
+            me.waiting.store(nullptr, std::memory_order_relaxed);
         }
-        if (!cv_.wait_for(lock, std::chrono::seconds(timeout_s),
-                          [&] { return generation_ != generation || exited_ > 0; })) {
-            char msg[256];
-            std::snprintf(msg, sizeof msg, "%s at line %d: %d of %d threads arrived, the rest never did", what, line,
-                          arrived_, expected_);
-            fail(msg);
-        }
-        if (generation_ == generation) check_exited(what, line);
+        acquire(token);
     }
+
+    bool passed(unsigned long generation) const { return generation_.load(std::memory_order_relaxed) != generation; }
 
     // A thread has left the kernel: any barrier it is part of can no longer complete.
     void leave() {
-        std::lock_guard<std::mutex> lock(mutex_);
-        ++exited_;
-        if (arrived_ > 0) check_exited("barrier", line_);
-        cv_.notify_all();
+        exited_.fetch_add(1, std::memory_order_relaxed);
+        if (arrived_.load(std::memory_order_relaxed) > 0) check_exited("barrier", line_.load(std::memory_order_relaxed));
+    }
+
+    [[noreturn]] void never_completes() const {
+        check_exited(what_.load(std::memory_order_relaxed), line_.load(std::memory_order_relaxed));
+        char msg[256];
+        std::snprintf(msg, sizeof msg, "%s at line %d: %d of %d threads arrived, the rest never did",
+                      what_.load(std::memory_order_relaxed), line_.load(std::memory_order_relaxed),
+                      arrived_.load(std::memory_order_relaxed), expected_);
+        fail(msg);
     }
 
   private:
-    void check_exited(const char* what, int line) {
-        if (exited_ > 0) {
+    void check_exited(const char* what, int line) const {
+        const int exited = exited_.load(std::memory_order_relaxed);
+        if (exited > 0) {
             char msg[256];
             std::snprintf(msg, sizeof msg, "%s at line %d waits for %d thread(s) that have left the kernel", what,
-                          line, exited_);
+                          line, exited);
             fail(msg);
         }
     }
 
-    std::mutex mutex_;
-    std::condition_variable cv_;
     const int expected_;
-    int arrived_ = 0;
-    int exited_ = 0;
-    const char* what_ = "";
-    int line_ = 0;
-    std::uintptr_t site_ = 0, caller_ = 0;
-    unsigned long generation_ = 0;
+    std::atomic<int> arrived_{0};
+    std::atomic<int> exited_{0};
+    std::atomic<const char*> what_{""};
+    std::atomic<int> line_{0};
+    std::atomic<std::uintptr_t> site_{0}, caller_{0};
+    std::atomic<unsigned long> generation_{0};
+    char tokens_[2] = {};  // ThreadSanitizer's sync objects, one per parity of the generation
 };
+
+inline bool can_go_on(const Fiber& f) {
+    if (f.done.load(std::memory_order_relaxed)) return false;
+    const Barrier* b = f.waiting.load(std::memory_order_relaxed);
+    return b == nullptr || b->passed(f.generation.load(std::memory_order_relaxed));
+}
+
+inline void stuck(const Fiber& f) {
+    const Barrier* b = f.waiting.load(std::memory_order_relaxed);
+    if (b) b->never_completes();
+    fail("a thread that can neither go on nor has finished");
+}
 
 struct Warp {
     Barrier barrier{32};
@@ -164,20 +287,18 @@ struct Block {
 };
 
 inline dim3 grid_dim, block_dim;
-inline thread_local dim3 thread_idx, block_idx;
-inline thread_local Block* block = nullptr;
 
 template <typename T>
 T* dynamic_shared() {
-    return static_cast<T*>(block->shared);
+    return static_cast<T*>(self().block->shared);
 }
 
 inline Warp& warp() {
     if (block_dim.x % 32 != 0) fail("a warp operation in a block that is not a whole number of warps");
-    return block->warps[thread_idx.x / 32];
+    return self().block->warps[self().thread_idx.x / 32];
 }
 
-inline void syncthreads(int line) { block->barrier.arrive_and_wait("__syncthreads", line); }
+inline void syncthreads(int line) { self().block->barrier.arrive_and_wait("__syncthreads", line); }
 
 inline void syncwarp(int line, unsigned mask = 0xffffffffu) {
     if (mask != 0xffffffffu) fail("__syncwarp with a partial mask (not emulated)");
@@ -192,7 +313,7 @@ T shuffle(int line, std::uintptr_t site, std::uintptr_t caller, unsigned mask, T
     if (mask != 0xffffffffu) fail("shuffle with a partial mask (not emulated)");
     if (width < 1 || width > 32 || (width & (width - 1))) fail("shuffle width not a power of two up to 32");
     Warp& w = warp();
-    const int lane = static_cast<int>(thread_idx.x % 32);
+    const int lane = static_cast<int>(self().thread_idx.x % 32);
     std::memcpy(w.slot[lane], &value, sizeof(T));
     w.barrier.arrive_and_wait("shuffle", line, site, caller);  // every lane's value is in its slot
     const int source = source_of(lane, arg, width);
@@ -236,8 +357,8 @@ __attribute__((noinline)) T shfl_xor(int line, unsigned mask, T value, int lanes
 #define __device__
 #define __forceinline__ inline
 #define __align__(n) alignas(n)
-#define threadIdx simt::thread_idx
-#define blockIdx simt::block_idx
+#define threadIdx (simt::self().thread_idx)
+#define blockIdx (simt::self().block_idx)
 #define blockDim simt::block_dim
 #define gridDim simt::grid_dim
 #define __syncthreads() simt::syncthreads(__LINE__)
