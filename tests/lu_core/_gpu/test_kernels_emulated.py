@@ -785,7 +785,7 @@ def test_no_races_between_the_threads_of_a_block(tsan, dtype):
 
 
 def _broken(build_dir, sanitizer, source, old, new, monkeypatch):
-    """A runner whose ``source`` has ``old`` replaced by ``new`` (once)."""
+    """A runner of ``source``'s kernels alone, with ``old`` replaced by ``new`` (once)."""
     real = simt.host_source
 
     def edited(name):
@@ -796,7 +796,7 @@ def _broken(build_dir, sanitizer, source, old, new, monkeypatch):
         return text
 
     monkeypatch.setattr(simt, "host_source", edited)
-    return simt.build(sanitizer, build_dir)
+    return simt.build(sanitizer, build_dir, (source,))
 
 
 def test_a_wrong_tie_rule_is_caught(build_dir, monkeypatch):
