@@ -46,6 +46,10 @@ class Backend(Protocol):
     def solve_direct(self, LU: Any, pivots: Any, B: Any) -> Any | None:
         """``lu_solve(LU, pivots, B)`` with the default options, like :meth:`factor_direct`."""
 
+    def system_direct(self, A: Any, B: Any) -> tuple[Any, Any] | None:
+        """``solve(A, B)`` (``left=True``) as ``(X, info)``, like :meth:`factor_direct`; the caller raises for
+        a singular ``A`` where ``check_errors`` asks."""
+
     def unpack_direct(self, LU: Any, pivots: Any, trusted: bool = False) -> tuple[Any, Any, Any] | None:
         """``lu_unpack(LU, pivots)`` with the default options, like :meth:`factor_direct`; ``trusted``:
         pivots this library just produced (``lu()``), not checked."""

@@ -8,7 +8,8 @@ factorizations and right-hand sides of the same batch, without broadcasting; sha
 sizes the Numba kernels take), run the very kernels the general path runs on them, with the same
 twin (serial or parallel), and so return the same bits and raise the same errors
 (pivots out of range: :meth:`CpuBackend.check_pivots`). One matrix of a size the general path factors
-on its LAPACK pool goes straight to the same single-threaded ``getrf`` (:func:`_one_by_lapack`).
+on its LAPACK pool goes straight to the same single-threaded ``getrf`` (:func:`_one_by_lapack`); ``solve``
+of one such system, then to the kernel's ``getrs`` where the general path solves it there (:func:`system_direct`).
 Anything else returns ``None`` and takes the general path, which then reports whatever is wrong with it.
 """
 
@@ -98,6 +99,37 @@ def solve_direct(LU: Any, pivots: Any, B: Any) -> np.ndarray | None:
     work = _backend._split(nprob, 2 * nprob * nrhs * n * n)
     _kernels.getrs(work, s.reshape(nprob, n, n), piv0, index, w.reshape(nprob, n, nrhs), 0)
     return w
+
+
+def system_direct(A: Any, B: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """``solve(A, B)`` (left) of one matrix of a size LAPACK factors on one thread, with right-hand sides
+    the kernel solves: ``(X, info)``, the general path's bits (:func:`lu_core._api.factor_for_solve`'s
+    :func:`_one_by_lapack`, then the kernel's ``getrs``) without its checks and dispatch. Smaller systems
+    are the fused kernel's (``CpuBackend.solve_fused``); anything else returns ``None``."""
+    if type(A) is not np.ndarray or type(B) is not np.ndarray:
+        return None
+    dt, shape = A.dtype, A.shape
+    if len(shape) != 2 or dt not in _DTYPES or B.dtype != dt:
+        return None
+    n = shape[0]
+    if shape[1] != n or not n or n > _tuning.LAPACK_POOL_MAX_N:
+        return None
+    vector = B.ndim == 1  # torch.linalg.solve's batch of vectors: B.shape == A.shape[:-1]
+    if not (vector or B.ndim == 2) or B.shape[0] != n:
+        return None
+    nrhs = 1 if vector else B.shape[1]
+    try:
+        if not nrhs or _backend._factor_by_kernel(n, dt) or not _backend._solve_by_kernel(n, nrhs, dt):
+            return None
+    except (ValueError, RuntimeError):  # LU_CORE_LAPACK refused: the general path says so, after its own checks
+        return None
+    src, transposed = _backend._factor_source(A.reshape(1, n, n))
+    s, piv, info = _lapack.getrf_alone(src, transposed, n, n)
+    piv -= 1  # 0-based, as own_pivots makes them
+    w = np.empty((1, n, nrhs), dtype=dt)
+    np.copyto(w[0], B[:, None] if vector else B)
+    _kernels.getrs(_backend._split(1, 2 * nrhs * n * n), s, piv, _FIRST, w, 0)
+    return (w.reshape(n) if vector else w[0]), np.array(info, dtype=np.int32)
 
 
 # Last: the backend imports this module and binds its functions; whichever of the two is imported

@@ -168,6 +168,7 @@ class CpuBackend:
     # Small calls with the default options, straight to their kernels (see _direct); None otherwise.
     factor_direct = staticmethod(_direct.factor_direct)
     solve_direct = staticmethod(_direct.solve_direct)
+    system_direct = staticmethod(_direct.system_direct)
 
     def lu_factor_ex(self, a: np.ndarray, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         batch, (m, n) = a.shape[:-2], a.shape[-2:]

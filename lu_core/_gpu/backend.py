@@ -81,6 +81,9 @@ class GpuBackend:
     def solve_direct(self, LU: Any, pivots: Any, B: Any) -> cp.ndarray | None:
         return _solve.solve_direct(LU, pivots, B)  # our kernel, or the libraries without the general path's host work
 
+    def system_direct(self, A: Any, B: Any) -> None:
+        return None  # solve's short paths are solve_fused's (after the general checks)
+
     def lu_factor_ex(self, a: cp.ndarray, pivot: bool) -> tuple[cp.ndarray, cp.ndarray, cp.ndarray]:
         with a.device:
             return _factor.lu_factor_ex(a, pivot)

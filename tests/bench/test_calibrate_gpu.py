@@ -171,11 +171,12 @@ def test_the_general_path_switch_turns_the_short_paths_off_and_back(monkeypatch)
     assert GpuBackend().unpack_direct("LU", "pivots") == "unpack"
     assert {op for op, *_ in profile_gpu.GENERAL_PATH_CASES} == {"lu_solve", "solve", "lu_unpack"}
     # every short path a backend may have (the protocol's *_direct and *_fused) is switched off, but
-    # factor_direct, which the GPU backend does not take (lu_factor_ex is one launch already)
+    # those the GPU backend does not take: factor_direct (lu_factor_ex is one launch already) and
+    # system_direct (solve's short paths are solve_fused's)
     from lu_core._backend import Backend
 
     short = {name for name in dir(Backend) if name.endswith(("_direct", "_fused"))}
-    assert set(profile_gpu.SHORT_PATHS) == short - {"factor_direct"}
+    assert set(profile_gpu.SHORT_PATHS) == short - {"factor_direct", "system_direct"}
 
 
 def test_the_profile_report_shows_the_first_large_solve_of_each_fresh_process():

@@ -28,6 +28,7 @@ def general(monkeypatch):
         with monkeypatch.context() as m:
             m.setattr(CpuBackend, "factor_direct", staticmethod(lambda *a: None))
             m.setattr(CpuBackend, "solve_direct", staticmethod(lambda *a: None))
+            m.setattr(CpuBackend, "system_direct", staticmethod(lambda *a: None))
             return fn(*args, **kwargs)
 
     return run
@@ -117,6 +118,77 @@ def test_one_matrix_gives_the_general_paths_bits(general, dtype, shape, layout, 
     _same(got, general(lu_core.lu_factor_ex, singular))
     with pytest.raises(lu_core.SingularMatrixError):
         lu_core.lu_factor(singular)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n", [97, 128, 256])
+@pytest.mark.parametrize("rhs", ["vector", 1, 3])
+@pytest.mark.parametrize("layout", ["C", "F", "strided"])
+def test_one_system_gives_the_general_paths_bits(general, dtype, n, rhs, layout, lapack):
+    """``solve`` of one system past the kernels' factor sizes and within the LAPACK pool's, with right-hand
+    sides the kernel solves: getrf held to one thread, then the kernel's getrs, without the general path's
+    checks; its bits, singular systems included (raised alike, and the same infinities or NaNs without
+    the check), on MKL and on SciPy's OpenBLAS."""
+    from lu_core._cpu import _tuning
+
+    if n <= (_tuning.FACTOR_KERNEL_COMPLEX_MAX_N if np.dtype(dtype).kind == "c" else _tuning.FACTOR_KERNEL_MAX_N):
+        pytest.skip("the kernels factor this size (solve_fused)")
+    rng = np.random.default_rng(n * 3 + (0 if rhs == "vector" else rhs))
+    A = _rand(rng, (2 * n, n), dtype)
+    A = A[::2] if layout == "strided" else np.asfortranarray(A[:n]) if layout == "F" else A[:n].copy()
+    B = _rand(rng, (n,) if rhs == "vector" else (n, rhs), dtype)
+    taken = _direct.system_direct(A, B)
+    assert taken is not None  # the short path is taken
+    _same((lu_core.solve(A, B),), (general(lu_core.solve, A, B),))
+    _same((taken[0],), (general(lu_core.solve, A, B),))
+    singular = A.copy()
+    singular[:, 3] = 0
+    assert _direct.system_direct(singular, B) is not None
+    with pytest.raises(lu_core.SingularMatrixError) as short:
+        lu_core.solve(singular, B)
+    with pytest.raises(lu_core.SingularMatrixError) as long:
+        general(lu_core.solve, singular, B)
+    assert str(short.value) == str(long.value)
+    _same(
+        (lu_core.solve(singular, B, check_errors=False),),
+        (general(lu_core.solve, singular, B, check_errors=False),),
+    )
+
+
+def test_systems_the_short_path_does_not_take():
+    """A batch, broadcasting, mixed dtypes, integer input, lists, a matrix the kernels factor (fused there) or
+    the threaded LAPACK does, right-hand sides LAPACK's getrs solves, wrong or empty shapes, left=False:
+    None (or not asked), and the public call answers (or refuses) them as before."""
+    from lu_core._cpu import _tuning
+
+    rng = np.random.default_rng(11)
+    n = 128
+    A = rng.standard_normal((n, n)) + n * np.eye(n)
+    B = rng.standard_normal((n, 2))
+    assert _direct.system_direct(A, B) is not None
+    big = _tuning.LAPACK_POOL_MAX_N + 1
+    for args in (
+        (np.stack([A, A]), B),
+        (A, np.stack([B, B])),
+        (A, B.astype(np.float32)),
+        (A.astype(np.int64), B),
+        (A.tolist(), B),
+        (A, B.tolist()),
+        (A[:8, :8], B[:8]),
+        (np.eye(big), np.ones((big, 1))),
+        (A, rng.standard_normal((n, 64))),  # LAPACK's getrs solves 64 right-hand sides: A^T factored
+        (A, B[:5]),
+        (A[:, :5], B),
+        (A, np.ones((n, 0))),
+        (A, np.float64(1.0)),
+        (A, np.ones((n, 2, 1))),
+    ):
+        assert _direct.system_direct(*args) is None
+    np.testing.assert_allclose(lu_core.solve(A, np.stack([B, B])), np.linalg.solve(A, np.stack([B, B])))
+    np.testing.assert_allclose(lu_core.solve(A, B.T, left=False), np.linalg.solve(A.T, B).T)
+    for bad in (B[:5], np.float64(1.0)):
+        with pytest.raises(lu_core.ShapeError):
+            lu_core.solve(A, bad)
 
 
 def test_lapack_single_matrices_take_the_general_path_where_they_should(lapack):
