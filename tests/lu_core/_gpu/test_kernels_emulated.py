@@ -19,6 +19,7 @@ checked by ``test_cuda_sources.py`` (compile) and the ``gpu``-marked tests (a le
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 
@@ -850,6 +851,21 @@ def test_a_broken_factorization_kernel_is_caught(build_dir, monkeypatch, defect)
         _small_getrf(exe, np.random.default_rng(0).standard_normal(shape))
 
 
+def test_a_local_array_overrun_after_a_barrier_is_caught(build_dir, monkeypatch):
+    """A thread's own array, written past its end after the thread has waited at a barrier (its kernel's
+    frame paused while other threads ran): AddressSanitizer still sees the array's bounds."""
+    exe = _broken(
+        build_dir,
+        "address",
+        "small_lu.cu",
+        "__syncwarp();  // the swapped rows, and every lane's reads of the column, before it changes",
+        "volatile int probe[4] = {}; volatile int* p = probe; __syncwarp(); p[4 + (threadIdx.x & 1)] = 1;",
+        monkeypatch,
+    )
+    with pytest.raises(simt.KernelFailed, match="stack-buffer-overflow"):
+        _small_getrf(exe, np.random.default_rng(0).standard_normal((1, 8, 8)))
+
+
 def test_a_deadlock_is_reported_at_once(build_dir, monkeypatch):
     """Half of each warp waits at its warp's barrier, the other half at the block's: no thread can go on,
     and the emulator says so as soon as none can (not after a timeout)."""
@@ -861,6 +877,7 @@ def test_a_deadlock_is_reported_at_once(build_dir, monkeypatch):
         "if ((threadIdx.x & 31) < 16) __syncwarp(); else __syncthreads();",
         monkeypatch,
     )
+    monkeypatch.setattr(simt, "run", functools.partial(simt.run, timeout=20))  # the OS-thread emulator took 60 s
     with pytest.raises(
         simt.KernelFailed, match=r"__syncwarp at line \d+: 16 of 32 threads arrived, the rest never did"
     ):

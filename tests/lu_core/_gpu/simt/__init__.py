@@ -41,7 +41,7 @@ _SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Z
 
 # Frame pointers, no inlining and no optimisation (which may duplicate a call into two branches):
 # simt.h tells shuffle sites apart by return addresses.
-COMMON_FLAGS = ("-std=c++20", "-O0", "-g", "-pthread", "-fno-omit-frame-pointer", "-fno-inline")
+COMMON_FLAGS = ("-std=c++20", "-O0", "-g", "-fno-omit-frame-pointer", "-fno-inline")
 FLAGS = {
     "address": ("-fsanitize=address,undefined", "-fno-sanitize-recover=all"),
     "thread": ("-fsanitize=thread",),

@@ -148,13 +148,14 @@ inline void fiber_main() {
 }
 
 // One launch per process: its blocks and fibers stay until the process exits (freeing them would be a
-// write that ThreadSanitizer cannot order after the last thread's switch away).
+// write that ThreadSanitizer cannot order after the finished threads' last reads of the fibers' states,
+// in hand_over, after they released end_token).
 inline void launch(const Entry& e, const std::vector<Arg>& args, unsigned grid, unsigned threads,
                    std::size_t shared) {
     // A thread's stack: the kernels' deepest use measured 8 KiB under either sanitizer (pages touched, the
-    // whole emulated suite); an inaccessible page below it stops an overflow. AddressSanitizer clears a
-    // stack's shadow at each swapcontext, so a larger one costs time (256 KiB: twice the run's time).
-    constexpr std::size_t page = 4096, stack_bytes = 64 * 1024;
+    // whole emulated suite); below it an inaccessible guard as large, which a frame cannot jump over into
+    // the next thread's stack.
+    constexpr std::size_t guard = 64 * 1024, stack_bytes = 64 * 1024;
     grid_dim = dim3{grid, 1, 1};
     block_dim = dim3{threads, 1, 1};
     launched = &e;
@@ -168,17 +169,25 @@ inline void launch(const Entry& e, const std::vector<Arg>& args, unsigned grid, 
     for (unsigned t = 0; t < threads; ++t) {
         Fiber& f = (*all)[t];
         f.thread_idx = dim3{t, 1, 1};
-        void* mapped = mmap(nullptr, page + stack_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (mapped == MAP_FAILED || mprotect(mapped, page, PROT_NONE) != 0) fail("no memory for a thread's stack");
-        f.stack = static_cast<char*>(mapped) + page;
+        void* mapped = mmap(nullptr, guard + stack_bytes, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+        if (mapped == MAP_FAILED || mprotect(mapped, guard, PROT_NONE) != 0) fail("no memory for a thread's stack");
+        f.stack = static_cast<char*>(mapped) + guard;
         f.stack_bytes = stack_bytes;
         if (getcontext(&f.context) != 0) fail("getcontext failed");
         f.context.uc_stack.ss_sp = f.stack;
         f.context.uc_stack.ss_size = stack_bytes;
         f.context.uc_link = nullptr;
         makecontext(&f.context, fiber_main, 0);
+        // makecontext has placed the stack; swapcontext does not read uc_stack, but AddressSanitizer's
+        // interceptor of it does, and marks the whole stack it names valid at every switch into the fiber:
+        // the redzones of the paused kernel's own arrays would be gone after its first barrier.
+        f.context.uc_stack = {};
 #ifdef __SANITIZE_THREAD__
         f.tsan = __tsan_create_fiber(0);
+        char name[32];
+        std::snprintf(name, sizeof name, "threadIdx.x=%u", t);
+        __tsan_set_fiber_name(f.tsan, name);  // in its reports
 #endif
     }
 #ifdef __SANITIZE_THREAD__

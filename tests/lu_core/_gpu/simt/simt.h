@@ -15,7 +15,9 @@
 // * __syncthreads, __syncwarp: barriers of the block's / the warp's threads.
 //   A thread that never arrives (divergence around a barrier: no fiber can go
 //   on, found at once), or that has left the kernel while others wait, stops
-//   the run with a message.
+//   the run with a message. A thread hands over only at a barrier or when it
+//   leaves the kernel: one that waited for another's write in a loop without a
+//   barrier would hang (until the Python side's timeout); no kernel does.
 // * __shfl_sync, __shfl_xor_sync: the warp's lanes exchange values through a
 //   barrier. Only the full mask is used by the kernels and emulated; all 32
 //   lanes must reach the same shuffle, otherwise the run stops (on the device:
@@ -147,9 +149,7 @@ inline void jump(Fiber* from, Fiber* to, bool finished = false) {
                                    to ? to->stack_bytes : main_stack_bytes);
 #endif
 #ifdef __SANITIZE_THREAD__
-    // Back to the OS thread's own context only once every thread has finished: that switch orders
-    // the last thread's end before the launch frees the fibers.
-    __tsan_switch_to_fiber(to ? to->tsan : main_tsan, to ? __tsan_switch_to_fiber_no_sync : 0);
+    __tsan_switch_to_fiber(to ? to->tsan : main_tsan, __tsan_switch_to_fiber_no_sync);
 #endif
     if (swapcontext(from ? &from->context : &main_context, to ? &to->context : &main_context) != 0)
         fail("swapcontext failed");
@@ -172,7 +172,7 @@ inline void hand_over(Fiber& me) {
     for (std::size_t k = 1; k <= n; ++k) {
         Fiber& next = all[(i + k) % n];
         if (can_go_on(next)) {
-            if (&next != &me) jump(&me, &next);
+            if (&next != &me) jump(&me, &next, me.done.load(std::memory_order_relaxed));
             return;
         }
     }
@@ -366,10 +366,11 @@ __attribute__((noinline)) T shfl_xor(int line, unsigned mask, T value, int lanes
 #define __shfl_sync(...) simt::shfl_idx(__LINE__, __VA_ARGS__)
 #define __shfl_xor_sync(...) simt::shfl_xor(__LINE__, __VA_ARGS__)
 
+// Relaxed, as the device's atomicMin: it orders no other memory (ThreadSanitizer sees no edge through it).
 inline unsigned long long atomicMin(unsigned long long* address, unsigned long long value) {
     std::atomic_ref<unsigned long long> a(*address);
-    unsigned long long old = a.load();
-    while (value < old && !a.compare_exchange_weak(old, value)) {
+    unsigned long long old = a.load(std::memory_order_relaxed);
+    while (value < old && !a.compare_exchange_weak(old, value, std::memory_order_relaxed)) {
     }
     return old;
 }
