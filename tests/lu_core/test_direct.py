@@ -120,16 +120,25 @@ def test_one_matrix_gives_the_general_paths_bits(general, dtype, shape, layout, 
         lu_core.lu_factor(singular)
 
 
+def _system_sizes() -> list[int]:
+    from lu_core._cpu import _tuning
+
+    return sorted(
+        {_tuning.FACTOR_KERNEL_COMPLEX_MAX_N + 1, _tuning.FACTOR_KERNEL_MAX_N + 1, 128, _tuning.LAPACK_POOL_MAX_N}
+    )
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", [97, 128, 256])
-@pytest.mark.parametrize("rhs", ["vector", 1, 3])
+@pytest.mark.parametrize("n", _system_sizes())
+@pytest.mark.parametrize("rhs", ["vector", 1, 3, 8])
 @pytest.mark.parametrize("layout", ["C", "F", "strided"])
-def test_one_system_gives_the_general_paths_bits(general, dtype, n, rhs, layout, lapack):
+def test_one_system_gives_the_general_paths_bits(general, monkeypatch, dtype, n, rhs, layout, lapack):
     """``solve`` of one system past the kernels' factor sizes and within the LAPACK pool's, with right-hand
     sides the kernel solves: getrf held to one thread, then the kernel's getrs, without the general path's
     checks; its bits, singular systems included (raised alike, and the same infinities or NaNs without
-    the check), on MKL and on SciPy's OpenBLAS."""
-    from lu_core._cpu import _tuning
+    the check), on MKL and on SciPy's OpenBLAS (whose solve rule differs: float32 n > 96 with 8
+    right-hand sides is the kernel's beside MKL only); the inputs untouched, X its own."""
+    from lu_core._cpu import _tuning, backend
 
     if n <= (_tuning.FACTOR_KERNEL_COMPLEX_MAX_N if np.dtype(dtype).kind == "c" else _tuning.FACTOR_KERNEL_MAX_N):
         pytest.skip("the kernels factor this size (solve_fused)")
@@ -137,24 +146,38 @@ def test_one_system_gives_the_general_paths_bits(general, dtype, n, rhs, layout,
     A = _rand(rng, (2 * n, n), dtype)
     A = A[::2] if layout == "strided" else np.asfortranarray(A[:n]) if layout == "F" else A[:n].copy()
     B = _rand(rng, (n,) if rhs == "vector" else (n, rhs), dtype)
-    taken = _direct.system_direct(A, B)
-    assert taken is not None  # the short path is taken
-    _same((lu_core.solve(A, B),), (general(lu_core.solve, A, B),))
-    _same((taken[0],), (general(lu_core.solve, A, B),))
+    Bs = {"C": B, "F": np.asfortranarray(B), "strided": _rand(rng, (2 * n, *B.shape[1:]), dtype)[::-2]}[layout]
+    nrhs = 1 if rhs == "vector" else rhs
+    taken = _direct.system_direct(A, Bs)
+    assert (taken is not None) == backend._solve_by_kernel(n, nrhs, np.dtype(dtype))
+    calls = []
+    real = CpuBackend.system_direct
+    monkeypatch.setattr(CpuBackend, "system_direct", staticmethod(lambda *a: calls.append(real(*a)) or calls[-1]))
+    for x in (A, Bs):
+        x.flags.writeable = False
+    A0, B0 = A.copy(), Bs.copy()
+    X = lu_core.solve(A, Bs)
+    assert calls and (calls[-1] is not None) == (taken is not None)  # solve asked the short path first
+    _same((X,), (general(lu_core.solve, A, Bs),))
+    assert X.flags.owndata == general(lu_core.solve, A, Bs).flags.owndata and not np.shares_memory(X, Bs)
+    assert np.array_equal(A, A0) and np.array_equal(Bs, B0)
+    if taken is None:
+        return
     singular = A.copy()
     singular[:, 3] = 0
-    assert _direct.system_direct(singular, B) is not None
+    assert _direct.system_direct(singular, Bs) is not None
     with pytest.raises(lu_core.SingularMatrixError) as short:
-        lu_core.solve(singular, B)
+        lu_core.solve(singular, Bs)
     with pytest.raises(lu_core.SingularMatrixError) as long:
-        general(lu_core.solve, singular, B)
+        general(lu_core.solve, singular, Bs)
     assert str(short.value) == str(long.value)
     _same(
-        (lu_core.solve(singular, B, check_errors=False),),
-        (general(lu_core.solve, singular, B, check_errors=False),),
+        (lu_core.solve(singular, Bs, check_errors=False),),
+        (general(lu_core.solve, singular, Bs, check_errors=False),),
     )
 
 
+@pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix
 def test_systems_the_short_path_does_not_take():
     """A batch, broadcasting, mixed dtypes, integer input, lists, a matrix the kernels factor (fused there) or
     the threaded LAPACK does, right-hand sides LAPACK's getrs solves, wrong or empty shapes, left=False:
@@ -181,7 +204,10 @@ def test_systems_the_short_path_does_not_take():
         (A[:, :5], B),
         (A, np.ones((n, 0))),
         (A, np.float64(1.0)),
+        (A, np.array(1.0)),
         (A, np.ones((n, 2, 1))),
+        (np.asmatrix(A), B),
+        (A, np.ma.masked_array(B)),
     ):
         assert _direct.system_direct(*args) is None
     np.testing.assert_allclose(lu_core.solve(A, np.stack([B, B])), np.linalg.solve(A, np.stack([B, B])))
