@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import statistics
@@ -25,6 +26,8 @@ def interleaved(
     pause: float = 0.01,
     slow_factor: float = float("inf"),
     settle: Mapping[str, float] | None = None,
+    min_block_s: float = 0.0,
+    max_block: int = 1000,
 ) -> dict[str, Timing]:
     """Time the contenders in alternating blocks of ``block`` back-to-back calls,
     the order rotated every round, so that noise on a shared machine hits all
@@ -43,9 +46,17 @@ def interleaved(
     cores from whichever contender comes next. Busy, not asleep, so that the machine
     is left as warm as after any other contender (on a VM an idle core is slow to
     come back: an idle 0.2 s made the next call up to 2x slower, measured).
+
+    ``min_block_s``: a contender's block grows past ``block`` calls, up to ``max_block``, until it lasts
+    about that long (sized by its fastest of three warm calls), so that a call of microseconds is timed in
+    its steady state, not in the few calls after the pause: on a 2-vCPU VM, after a 20 ms pause, one
+    8 x 8 factor took ~150-220 us on its first call, ~23 on its second, ~13 on its third and ~11 from the
+    fifth on, for lu_core and PyTorch alike, so blocks of three put the median on the second or third
+    call, where the VM's wake-up, not the library, sets the time.
     """
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     first: dict[str, float] = {}
+    blocks: dict[str, int] = {}
 
     def wait_out(name: str) -> None:
         if settle and name in settle:
@@ -59,6 +70,14 @@ def interleaved(
         t = time.perf_counter()
         fn()
         first[name] = time.perf_counter() - t
+        blocks[name] = block
+        if first[name] < min_block_s:
+            warm = first[name]
+            for _ in range(2):
+                t = time.perf_counter()
+                fn()
+                warm = min(warm, time.perf_counter() - t)
+            blocks[name] = max(block, min(max_block, math.ceil(min_block_s / max(warm, 1e-9))))
         wait_out(name)
     # A contender far slower than the fastest cannot change which is fastest, nor a ratio to
     # it much: its warm call is its one sample, which keeps slow peers from eating the budget.
@@ -74,7 +93,7 @@ def interleaved(
     while rounds < max_rounds and (rounds < 3 or time.perf_counter() - start < budget_s):
         for name in names[rounds % len(names) :] + names[: rounds % len(names)]:
             time.sleep(pause)
-            for _ in range(block):
+            for _ in range(blocks[name]):
                 t = time.perf_counter()
                 contenders[name]()
                 samples[name].append(time.perf_counter() - t)

@@ -47,6 +47,7 @@ WIDE_RHS = 64
 #: threaded MKL runs on GNU OpenMP with OMP_WAIT_POLICY=PASSIVE, whose threads sleep at once; it waits
 #: anyway above the pool's limit, where lu_core runs on SciPy's OpenBLAS without MKL.)
 SPIN_S = 0.15
+BLOCK_S = 0.002  # a block of calls lasts at least this long (bench._timing.interleaved's min_block_s)
 
 
 def cases(quick: bool) -> list[tuple[int, int]]:
@@ -138,7 +139,14 @@ def run_case(batch: int, n: int, dtype: str, torch, jx, budget_s: float = 1.0) -
         if n > lapack_tuning.LAPACK_POOL_MAX_N:
             settle["lu_core"] = SPIN_S
         times = interleaved(
-            contenders, budget_s=budget_s, max_rounds=5, block=3, pause=0.02, slow_factor=5.0, settle=settle
+            contenders,
+            budget_s=budget_s,
+            max_rounds=5,
+            block=3,
+            pause=0.02,
+            slow_factor=5.0,
+            settle=settle,
+            min_block_s=BLOCK_S,
         )
         row = {"op": op, "dtype": dtype, "batch": batch, "n": n}
         row.update(ours=times["lu_core"].median, spread=times["lu_core"].spread)
@@ -200,7 +208,9 @@ def render(runs: list[list[dict]], facts: dict[str, str], command: str) -> str:
     lines = [
         f"# lu_core CPU benchmark, {dt.date.today().isoformat()}",
         "",
-        f"Command: `{command}`. Medians over interleaved rounds of each contender (blocks of 3 calls, order",
+        f"Command: `{command}`. Medians over interleaved rounds of each contender (blocks of 3 calls, or as",
+        f"many as last {BLOCK_S * 1e3:g} ms where calls are shorter, so that a call of microseconds is timed in its",
+        "steady state rather than in the VM's wake-up after the pause; order",
         "rotated every round, 20 ms apart; after SciPy's and JAX's blocks, and lu_core's where it calls",
         f"threaded LAPACK (n > {lapack_tuning.LAPACK_POOL_MAX_N}), the harness waits {SPIN_S} s, busy, for their",
         "spinning threads to go idle; a peer whose warm call takes over 5× the fastest's is timed by that call",

@@ -47,13 +47,17 @@ WARMUP_DTYPES = (np.float32, np.float64, np.complex64, np.complex128)
 # where GETRS_BATCHED_MAX_N reaches n = 64: not since the H100's calibration; the test
 # test_the_warm_up_reaches_every_gpu_routine checks that every routine the table can choose is
 # reached), whose libraries load on first use. Batch ``None``: one matrix without a batch dimension,
-# the commonest request. CuPy compiles its elementwise and reduction kernels (the singular check's
+# the commonest request; batch 1 of n = 8: one matrix with a batch dimension, whose kernel factor returns
+# the batched shapes itself (lu_core._cpu._kernels.getrf_one_batched; for complex dtypes (1, 64) is LAPACK's).
+# CuPy compiles its elementwise and reduction kernels (the singular check's
 # comparison, any and argmax over diag(U), the casts) once per number of dimensions, so after a
 # warm-up of batched shapes only, the first unbatched request compiled its own: on a fresh H100 the
 # first 5792 x 5792 ``/lu_solve`` spent 5.8-6.3 s in compute, the library alone 3 ms once its CuPy
 # kernels were cached (the likely cause, not yet confirmed on a device: the GPU proof dumps the
 # server's stacks if that first request still takes seconds).
-WARMUP_SHAPES = ((10, 4), (16384, 4), (2, 24), (1024, 24), (1, 64), (4, 64), (4, 160), (None, 8), (None, 64))
+WARMUP_SHAPES = (
+    (10, 4), (16384, 4), (2, 24), (1024, 24), (1, 8), (1, 64), (4, 64), (4, 160), (None, 8), (None, 64)
+)  # fmt: skip
 
 
 def warmup_shape(batch: int | None, n: int) -> tuple[int, ...]:

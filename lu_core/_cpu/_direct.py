@@ -49,8 +49,10 @@ def factor_direct(A: Any, pivot: bool) -> tuple[np.ndarray, np.ndarray, np.ndarr
     if nb == 1 and A.flags.c_contiguous:  # one C-ordered matrix: allocations and kernel in one call
         if not batch:
             return _kernels.getrf_one(A, pivot)
-        lu, piv, info = _kernels.getrf_one(A.reshape(m, n), pivot)
-        return lu.reshape(*batch, m, n), piv.reshape(*batch, piv.shape[0]), info.reshape(batch)
+        if len(batch) == 1:
+            return _kernels.getrf_one_batched(A, pivot)
+        lu, piv, info = _kernels.getrf_one_batched(A.reshape(1, m, n), pivot)
+        return lu.reshape(*batch, m, n), piv.reshape(*batch, piv.shape[1]), info.reshape(batch)
     k = min(m, n)
     src, transposed = _backend._factor_source(A.reshape(nb, m, n))
     s = np.empty((nb, n, m), dtype=A.dtype)

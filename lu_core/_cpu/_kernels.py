@@ -569,6 +569,19 @@ def getrf_one(a, pivot):
 
 
 @nb.njit(**_SERIAL)
+def getrf_one_batched(a, pivot):
+    """:func:`getrf_one` of a batch of one, ``a`` C-ordered ``1 x m x n``: ``(LU, piv, info)`` of shapes
+    ``(1, m, n)``, ``(1, min(m, n))`` and ``(1,)``, as the batched path returns them, with no reshape in
+    Python (three of them and the checks were half the time of a 1 x 8 x 8 ``lu_factor``)."""
+    _, m, n = a.shape
+    s = np.empty((1, n, m), a.dtype)
+    piv = np.empty((1, min(m, n)), np.int32)
+    info = np.zeros(1, np.int32)
+    _getrf_serial(a, True, s, piv, info, pivot)
+    return s.transpose((0, 2, 1)), piv, info
+
+
+@nb.njit(**_SERIAL)
 def pivots_zero_based(pivots, m, out):
     """Range-check 1-based ``pivots`` (``batch x k``, int32 or int64) against
     ``[1, m]`` and write them 0-based into ``out`` (int32) in the same pass.

@@ -49,3 +49,21 @@ def test_reports_name_the_first_cpus_model_and_vector_width(tmp_path):
     assert _cpu(str(tmp_path / "missing")) is None
     (tmp_path / "bare").write_text("processor\t: 0\nflags\t: avx2\n")
     assert _cpu(str(tmp_path / "bare")) is None  # no model name (some ARM kernels): left out of the report
+
+
+def test_a_short_call_is_timed_in_blocks_that_last_min_block_s():
+    calls = {"fast": 0, "slow": 0}
+
+    def fast():
+        calls["fast"] += 1
+
+    def slow():
+        calls["slow"] += 1
+        time.sleep(0.003)
+
+    out = interleaved(
+        {"fast": fast, "slow": slow}, budget_s=0.0, max_rounds=2, block=3, pause=0.0, min_block_s=0.002, max_block=50
+    )
+    assert out["fast"].runs == 2 * 50  # capped at max_block: a no-op call is far shorter than 2 ms / 50
+    assert out["slow"].runs == 2 * 3  # already longer than min_block_s: blocks of ``block``
+    assert calls["fast"] == 4 + 2 * 50 and calls["slow"] == 2 + 2 * 3  # warm-up: 2 calls, 4 where it was sized

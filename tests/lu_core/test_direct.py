@@ -50,7 +50,7 @@ def _same(got, want) -> None:
 @pytest.mark.parametrize("shape", [(1, 1), (8, 8), (32, 32), (5, 3), (3, 7), (1, 5), (5, 1)])
 @pytest.mark.parametrize("layout", ["C", "F", "strided"])
 @pytest.mark.parametrize("pivot", [True, False])
-@pytest.mark.parametrize("batch", [(), (1,), (3,), (2, 1, 3)])
+@pytest.mark.parametrize("batch", [(), (1,), (1, 1), (3,), (2, 1, 3)])
 def test_factor_gives_the_general_paths_bits(general, dtype, shape, layout, pivot, batch):
     rng = np.random.default_rng(hash((shape, layout, batch)) % 2**32)
     if layout == "strided":  # every other row, and every other matrix of the batch

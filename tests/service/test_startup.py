@@ -345,7 +345,7 @@ def test_a_request_after_the_warm_up_compiles_nothing(body):
         "before = count()\n"
         "rng = np.random.default_rng(1)\n"
         "for dt in (np.float32, np.float64, np.complex64, np.complex128):\n"
-        "    for batch, n in ((10, 4), (3, 8), (500, 8), (2, 24), (2, 40), (None, 8), (None, 40)):\n"
+        "    for batch, n in ((10, 4), (1, 8), (3, 8), (500, 8), (2, 24), (2, 40), (None, 8), (None, 40)):\n"
         "        shape = (n, n) if batch is None else (batch, n, n)\n"
         "        A = req((rng.standard_normal(shape) + n * np.eye(n)).astype(dt))\n"
         "        B = req(rng.standard_normal((*shape[:-1], 2)).astype(dt))\n"
