@@ -115,7 +115,7 @@ def system_direct(A: Any, B: Any) -> tuple[np.ndarray, np.ndarray] | None:
     if len(shape) != 2 or shape[0] <= _tuning.FACTOR_KERNEL_COMPLEX_MAX_N or dt not in _DTYPES or B.dtype != dt:
         return None
     n = shape[0]
-    if shape[1] != n or not n or n > _tuning.LAPACK_POOL_MAX_N:
+    if shape[1] != n or n > _tuning.LAPACK_POOL_MAX_N:  # (n = 0 is a small system: refused above)
         return None
     vector = B.ndim == 1  # torch.linalg.solve's batch of vectors: B.shape == A.shape[:-1]
     if not (vector or B.ndim == 2) or B.shape[0] != n:

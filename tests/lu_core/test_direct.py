@@ -177,6 +177,38 @@ def test_one_system_gives_the_general_paths_bits(general, monkeypatch, dtype, n,
     )
 
 
+def _outcome(fn, *args, **kwargs):
+    """What a call gives: its result's bits, or its error's type and message."""
+    try:
+        x = fn(*args, **kwargs)
+    except Exception as exc:  # the two paths must raise alike, whatever they raise
+        return type(exc), str(exc)
+    return x.shape, x.dtype, x.tobytes()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("where", ["A", "B"])
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_one_system_with_non_finite_entries_as_the_general_path(general, dtype, where, value):
+    """A NaN or an infinity in the matrix or in the right-hand sides: the short path's answer (the
+    propagated NaNs and infinities, or the error) is the general path's, with and without the check."""
+    from lu_core._cpu import _tuning, backend
+
+    n = max(_tuning.FACTOR_KERNEL_MAX_N, _tuning.FACTOR_KERNEL_COMPLEX_MAX_N) + 1
+    if not backend._solve_by_kernel(n, 1, np.dtype(dtype)):
+        pytest.skip("LAPACK's getrs solves this size here")
+    rng = np.random.default_rng(5)
+    A = _rand(rng, (n, n), dtype) + n * np.eye(n, dtype=dtype)
+    B = _rand(rng, (n, 1), dtype)
+    (A if where == "A" else B)[n // 2, 0] = value
+    assert _direct.system_direct(A, B) is not None
+    for check_errors in (True, False):
+        got = _outcome(lu_core.solve, A, B, check_errors=check_errors)
+        assert got == _outcome(general, lu_core.solve, A, B, check_errors=check_errors)
+    if where == "B" or np.isnan(value):  # (an infinite pivot can leave X finite, as in LAPACK: x[0] = -0 here)
+        assert not np.isfinite(lu_core.solve(A, B, check_errors=False)).all()
+
+
 @pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix
 def test_systems_the_short_path_does_not_take():
     """A batch, broadcasting, mixed dtypes, integer input, lists, a matrix the kernels factor (fused there) or
