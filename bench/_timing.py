@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 import statistics
@@ -16,6 +15,7 @@ class Timing:
     median: float
     spread: float  # (p75 - p25) / median
     runs: int
+    cold: float = 0.0  # median of the first ``block`` calls of each block, right after its pause
 
 
 def interleaved(
@@ -29,9 +29,10 @@ def interleaved(
     min_block_s: float = 0.0,
     max_block: int = 1000,
 ) -> dict[str, Timing]:
-    """Time the contenders in alternating blocks of ``block`` back-to-back calls,
-    the order rotated every round, so that noise on a shared machine hits all
-    of them alike; medians over every call.
+    """Time the contenders in alternating blocks of back-to-back calls (``block`` of them, more where
+    ``min_block_s`` asks), the order rotated every round, so that noise on a shared machine hits all
+    of them alike; medians over every call, and (``Timing.cold``) over the first ``block`` calls of
+    each block.
 
     Blocks rather than single calls: each library then runs in its own steady
     state (allocator caches, thread pools), not in the state the previous
@@ -47,16 +48,17 @@ def interleaved(
     is left as warm as after any other contender (on a VM an idle core is slow to
     come back: an idle 0.2 s made the next call up to 2x slower, measured).
 
-    ``min_block_s``: a contender's block grows past ``block`` calls, up to ``max_block``, until it lasts
-    about that long (sized by its fastest of three warm calls), so that a call of microseconds is timed in
-    its steady state, not in the few calls after the pause: on a 2-vCPU VM, after a 20 ms pause, one
-    8 x 8 factor took ~150-220 us on its first call, ~23 on its second, ~13 on its third and ~11 from the
-    fifth on, for lu_core and PyTorch alike, so blocks of three put the median on the second or third
-    call, where the VM's wake-up, not the library, sets the time.
+    ``min_block_s``: a block goes on past ``block`` calls until it has lasted that long (or made
+    ``max_block`` calls), so that a call of microseconds is timed in its steady state, not in the few
+    calls after the pause: on a 2-vCPU VM, after a 20 ms pause, one 8 x 8 factor took ~150-220 us on
+    its first call, ~23 on its second, ~13 on its third and ~11 from the fifth on, for lu_core and
+    PyTorch alike, so blocks of three put the median on the second or third call, where the VM's
+    wake-up sets the time as much as the library. ``Timing.cold`` keeps that measure (the first
+    ``block`` calls after each pause: a caller's first calls after idling).
     """
     samples: dict[str, list[float]] = {name: [] for name in contenders}
+    cold: dict[str, list[float]] = {name: [] for name in contenders}
     first: dict[str, float] = {}
-    blocks: dict[str, int] = {}
 
     def wait_out(name: str) -> None:
         if settle and name in settle:
@@ -70,14 +72,6 @@ def interleaved(
         t = time.perf_counter()
         fn()
         first[name] = time.perf_counter() - t
-        blocks[name] = block
-        if first[name] < min_block_s:
-            warm = first[name]
-            for _ in range(2):
-                t = time.perf_counter()
-                fn()
-                warm = min(warm, time.perf_counter() - t)
-            blocks[name] = max(block, min(max_block, math.ceil(min_block_s / max(warm, 1e-9))))
         wait_out(name)
     # A contender far slower than the fastest cannot change which is fastest, nor a ratio to
     # it much: its warm call is its one sample, which keeps slow peers from eating the budget.
@@ -86,24 +80,30 @@ def interleaved(
     for name in contenders:
         if first[name] > slow_factor * fastest and first[name] > 0.01:
             samples[name].append(first[name])
+            cold[name].append(first[name])
         else:
             names.append(name)
     start = time.perf_counter()
     rounds = 0
     while rounds < max_rounds and (rounds < 3 or time.perf_counter() - start < budget_s):
         for name in names[rounds % len(names) :] + names[: rounds % len(names)]:
+            fn, xs = contenders[name], samples[name]
             time.sleep(pause)
-            for _ in range(blocks[name]):
+            began = time.perf_counter()
+            calls = 0
+            while calls < block or (calls < max_block and time.perf_counter() - began < min_block_s):
                 t = time.perf_counter()
-                contenders[name]()
-                samples[name].append(time.perf_counter() - t)
+                fn()
+                xs.append(time.perf_counter() - t)
+                calls += 1
+            cold[name] += xs[-calls:][:block]
             wait_out(name)
         rounds += 1
     out = {}
     for name, xs in samples.items():
         q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [xs[0]] * 3
         med = statistics.median(xs)
-        out[name] = Timing(med, (q[2] - q[0]) / med if med else 0.0, len(xs))
+        out[name] = Timing(med, (q[2] - q[0]) / med if med else 0.0, len(xs), statistics.median(cold[name]))
     return out
 
 

@@ -128,8 +128,8 @@ def run_case(batch: int, n: int, dtype: str, torch, jx, budget_s: float = 1.0) -
     rows = []
 
     def time_op(op: str, contenders: dict[str, Callable[[], object]]) -> None:
-        # Blocks of 3 after a 20 ms pause: peers' worker threads (OpenMP, Eigen) spin for a while
-        # after their calls, and a contender timed right after them would pay for it. Some spin
+        # Blocks of 3 calls (or BLOCK_S long) after a 20 ms pause: peers' worker threads (OpenMP, Eigen)
+        # spin for a while after their calls, and a contender timed right after them would pay for it. Some spin
         # longer (OpenBLAS ~0.1 s after a threaded call), so the harness waits them out after each
         # contender that leaves them so: SciPy, JAX, and lu_core above LAPACK_POOL_MAX_N (below,
         # its BLAS calls run one thread each). Measured, 64-right-hand-side solves at 100 x 128
@@ -151,6 +151,7 @@ def run_case(batch: int, n: int, dtype: str, torch, jx, budget_s: float = 1.0) -
         row = {"op": op, "dtype": dtype, "batch": batch, "n": n}
         row.update(ours=times["lu_core"].median, spread=times["lu_core"].spread)
         row.update({p: times[p].median for p in PEERS if p in times})
+        row["cold"] = {("ours" if name == "lu_core" else name): t.cold for name, t in times.items()}
         rows.append(row)
 
     At = torch.from_numpy(A) if torch is not None else None
@@ -208,9 +209,9 @@ def render(runs: list[list[dict]], facts: dict[str, str], command: str) -> str:
     lines = [
         f"# lu_core CPU benchmark, {dt.date.today().isoformat()}",
         "",
-        f"Command: `{command}`. Medians over interleaved rounds of each contender (blocks of 3 calls, or as",
-        f"many as last {BLOCK_S * 1e3:g} ms where calls are shorter, so that a call of microseconds is timed in its",
-        "steady state rather than in the VM's wake-up after the pause; order",
+        f"Command: `{command}`. Medians over interleaved rounds of each contender (blocks of 3 calls, going on",
+        f"until the block has lasted {BLOCK_S * 1e3:g} ms where calls are shorter, at most 1000 calls, so that a",
+        "call of microseconds is timed in its steady state rather than in the VM's wake-up after the pause; order",
         "rotated every round, 20 ms apart; after SciPy's and JAX's blocks, and lu_core's where it calls",
         f"threaded LAPACK (n > {lapack_tuning.LAPACK_POOL_MAX_N}), the harness waits {SPIN_S} s, busy, for their",
         "spinning threads to go idle; a peer whose warm call takes over 5× the fastest's is timed by that call",
@@ -224,6 +225,7 @@ def render(runs: list[list[dict]], facts: dict[str, str], command: str) -> str:
         "",
         summary(runs),
         "",
+        *_cold_summary(runs),
         best_peer_table(runs, PEERS),
         "",
         "## Machine",
@@ -234,6 +236,22 @@ def render(runs: list[list[dict]], facts: dict[str, str], command: str) -> str:
         "same run, are the result.",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _cold_summary(runs: list[list[dict]]) -> list[str]:
+    """The summary of each block's first calls (``Timing.cold``), where the runs recorded them."""
+    if not all("cold" in r for rows in runs for r in rows):
+        return []  # reports from before 2026-11-28-cpu-3
+    keys = ("op", "dtype", "batch", "n")
+    cold = [[{**{k: r[k] for k in keys}, **r["cold"]} for r in rows] for rows in runs]
+    return [
+        "The same ratios over each block's first 3 calls only, right after its pause (each contender's: a caller's",
+        "first calls after idling, and the measure of the reports before 2026-11-28-cpu-3, whose blocks were",
+        "3 calls long):",
+        "",
+        summary(cold),
+        "",
+    ]
 
 
 def run(

@@ -554,31 +554,27 @@ _getrf_serial = getrf.serial
 
 
 @nb.njit(**_SERIAL)
-def getrf_one(a, pivot):
-    """``getrf``'s serial twin on one C-ordered ``m x n`` matrix ``a``, into fresh arrays: ``(LU, piv, info)``,
-    ``LU`` the ``m x n`` factorization (a column-major view of the kernel's transposed storage), ``piv``
-    the ``min(m, n)`` 1-based pivots and ``info`` a 0-d array: the bits of a batch of one. One call where a
-    caller would make four (three allocations and the kernel's), for ``_direct``, whose small single
-    matrices are the latency-bound case."""
-    m, n = a.shape
-    s = np.empty((1, n, m), a.dtype)
-    piv = np.empty((1, min(m, n)), np.int32)
-    info = np.zeros((), np.int32)
-    _getrf_serial(a.reshape(1, m, n), True, s, piv, info.reshape(1), pivot)
-    return s[0].T, piv[0], info
-
-
-@nb.njit(**_SERIAL)
 def getrf_one_batched(a, pivot):
-    """:func:`getrf_one` of a batch of one, ``a`` C-ordered ``1 x m x n``: ``(LU, piv, info)`` of shapes
-    ``(1, m, n)``, ``(1, min(m, n))`` and ``(1,)``, as the batched path returns them, with no reshape in
-    Python (three of them and the checks were half the time of a 1 x 8 x 8 ``lu_factor``)."""
+    """``getrf``'s serial twin on a batch of one, ``a`` C-ordered ``1 x m x n``, into fresh arrays: ``(LU, piv,
+    info)`` of shapes ``(1, m, n)`` (a column-major view of the kernel's transposed storage),
+    ``(1, min(m, n))`` (1-based) and ``(1,)``, the bits of the batched path. One call where a caller would
+    make four (three allocations and the kernel's) and reshape in Python, for ``_direct``, whose small
+    single matrices are the latency-bound case (the reshapes and checks were half of a 1 x 8 x 8 call)."""
     _, m, n = a.shape
     s = np.empty((1, n, m), a.dtype)
     piv = np.empty((1, min(m, n)), np.int32)
     info = np.zeros(1, np.int32)
     _getrf_serial(a, True, s, piv, info, pivot)
     return s.transpose((0, 2, 1)), piv, info
+
+
+@nb.njit(**_SERIAL)
+def getrf_one(a, pivot):
+    """:func:`getrf_one_batched` of one C-ordered ``m x n`` matrix without a batch dimension: the ``m x n``
+    factorization, the ``min(m, n)`` pivots and ``info`` a 0-d array."""
+    m, n = a.shape
+    lu, piv, info = getrf_one_batched(a.reshape(1, m, n), pivot)
+    return lu[0], piv[0], info.reshape(())
 
 
 @nb.njit(**_SERIAL)

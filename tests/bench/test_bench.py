@@ -84,6 +84,23 @@ def test_combine_writes_one_report_with_every_runs_ratio(tmp_path):
     assert "| 2 | 2 | 2.50× | 3.00× (solve float64 1×8) | 0 | 0 |" in text  # run 2: median and worst
 
 
+def test_the_report_summarises_the_first_calls_after_each_pause_where_the_runs_recorded_them():
+    from bench import core_cpu
+
+    def row(op, ours, torch, cold_ours=None):
+        r = {"op": op, "dtype": "float64", "batch": 1, "n": 8, "ours": ours, "spread": 0.1, "torch": torch}
+        if cold_ours is not None:
+            r["cold"] = {"ours": cold_ours, "torch": 2 * torch}
+        return r
+
+    cold = core_cpu.render([[row("lu_factor", 1e-5, 1e-5, 6e-5), row("solve", 1e-5, 2e-5, 2e-5)]], {}, "c")
+    assert "each block's first 3 calls" in cold
+    assert "| 1 | 2 | 1.75× | 3.00× (lu_factor float64 1×8) | 1 | 1 |" in cold  # 60/20 and 20/40 us
+    assert "| 1 | 2 | 0.75× | 1.00× (lu_factor float64 1×8) | 2 | 2 |" in cold  # the steady medians' summary
+    older = core_cpu.render([[row("lu_factor", 1e-5, 1e-5), row("solve", 1e-5, 2e-5)]], {}, "c")
+    assert "first 3 calls" not in older  # reports from before the runs recorded them
+
+
 def test_the_batching_command_line_refuses_unknown_arguments(capsys):
     from bench import batching
 

@@ -51,19 +51,48 @@ def test_reports_name_the_first_cpus_model_and_vector_width(tmp_path):
     assert _cpu(str(tmp_path / "bare")) is None  # no model name (some ARM kernels): left out of the report
 
 
-def test_a_short_call_is_timed_in_blocks_that_last_min_block_s():
-    calls = {"fast": 0, "slow": 0}
+def test_a_block_goes_on_until_min_block_s_has_passed_and_cold_keeps_its_first_calls():
+    calls: list[tuple[str, float, float]] = []
+    costs = {"noop": 0.0, "mid": 0.002, "slow": 0.025}
 
-    def fast():
-        calls["fast"] += 1
+    def contender(name: str):
+        def call():
+            t = time.perf_counter()
+            if costs[name]:
+                time.sleep(costs[name])
+            calls.append((name, t, time.perf_counter()))
 
-    def slow():
-        calls["slow"] += 1
-        time.sleep(0.003)
+        return call
 
     out = interleaved(
-        {"fast": fast, "slow": slow}, budget_s=0.0, max_rounds=2, block=3, pause=0.0, min_block_s=0.002, max_block=50
+        {name: contender(name) for name in costs},
+        budget_s=0.0,
+        max_rounds=2,
+        block=3,
+        pause=0.01,
+        min_block_s=0.02,
+        max_block=50,
     )
-    assert out["fast"].runs == 2 * 50  # capped at max_block: a no-op call is far shorter than 2 ms / 50
-    assert out["slow"].runs == 2 * 3  # already longer than min_block_s: blocks of ``block``
-    assert calls["fast"] == 4 + 2 * 50 and calls["slow"] == 2 + 2 * 3  # warm-up: 2 calls, 4 where it was sized
+    timed = calls[2 * len(costs) :]  # after the warm-up's two calls each
+    blocks: list[list[tuple[str, float, float]]] = []
+    for c in timed:
+        if blocks and blocks[-1][0][0] == c[0]:
+            blocks[-1].append(c)
+        else:
+            blocks.append([c])
+    assert len(blocks) == 2 * len(costs)
+    for b in blocks:
+        name, lasted = b[0][0], b[-1][2] - b[0][1]
+        if name == "noop":
+            assert len(b) == 50  # max_block ends a block of calls far shorter than 20 ms / 50
+        elif name == "slow":
+            assert len(b) == 3  # three calls last longer than min_block_s already
+        else:  # on until 20 ms have passed (counted from just before its first call), and not a call longer
+            assert len(b) >= 3 and lasted >= 0.02 - 2e-4 and b[-2][2] - b[0][1] < 0.02, (len(b), lasted)
+    assert {name: t.runs for name, t in out.items()} == {
+        name: sum(len(b) for b in blocks if b[0][0] == name) for name in costs
+    }
+    # cold: the median of each block's first three calls, here the slower ones of each block
+    mid = [b for b in blocks if b[0][0] == "mid"]
+    firsts = sorted(c[2] - c[1] for b in mid for c in b[:3])
+    assert out["mid"].cold >= firsts[0] and out["mid"].cold <= firsts[-1] * 1.01 + 1e-4
