@@ -241,7 +241,7 @@ def render(runs: list[list[dict]], facts: dict[str, str], command: str) -> str:
 def _cold_summary(runs: list[list[dict]]) -> list[str]:
     """The summary of each block's first calls (``Timing.cold``), where the runs recorded them."""
     if not all("cold" in r for rows in runs for r in rows):
-        return []  # reports from before 2026-11-28-cpu-3
+        return []  # reports from before 2026-11-28-cpu-4
     keys = ("op", "dtype", "batch", "n")
     cold = [[{**{k: r[k] for k in keys}, **r["cold"]} for r in rows] for rows in runs]
     return [
