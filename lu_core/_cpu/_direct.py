@@ -68,13 +68,19 @@ def _one_by_lapack(A: np.ndarray, batch: tuple[int, ...], m: int, n: int) -> tup
     (threaded LAPACK) take the general path."""
     if max(m, n) > _tuning.LAPACK_POOL_MAX_N:
         return None
-    src, transposed = _backend._factor_source(A.reshape(1, m, n))
-    s, piv, info = _lapack.getrf_alone(src, transposed, m, n)
+    s, piv, info = _getrf_alone(A, m, n)
     return (
         s.swapaxes(1, 2).reshape(*batch, m, n),
         piv.reshape(*batch, piv.shape[1]),
         np.array([info], dtype=np.int32).reshape(batch),
     )
+
+
+def _getrf_alone(A: np.ndarray, m: int, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """:func:`_lapack.getrf_alone` of the one ``m x n`` matrix ``A`` holds (any batch of ones), from where
+    the general path copies it (``CpuBackend``'s factor source)."""
+    src, transposed = _backend._factor_source(A.reshape(1, m, n))
+    return _lapack.getrf_alone(src, transposed, m, n)
 
 
 def solve_direct(LU: Any, pivots: Any, B: Any) -> np.ndarray | None:
@@ -104,35 +110,41 @@ def solve_direct(LU: Any, pivots: Any, B: Any) -> np.ndarray | None:
 
 
 def system_direct(A: Any, B: Any) -> tuple[np.ndarray, np.ndarray] | None:
-    """``solve(A, B)`` (left) of one matrix of a size LAPACK factors on one thread, with right-hand sides
-    the kernel solves: ``(X, info)``, the general path's bits (:func:`lu_core._api.factor_for_solve`'s
-    :func:`_one_by_lapack`, then the kernel's ``getrs``) without its checks and dispatch. Smaller systems
-    are the fused kernel's (``CpuBackend.solve_fused``); anything else returns ``None``."""
+    """``solve(A, B)`` (left) of one matrix (no batch dimension, or a batch of ones) of a size LAPACK factors
+    on one thread, with right-hand sides the kernel solves (of a batch of ones too, or a vector): ``(X, info)``,
+    the general path's bits and shapes (:func:`lu_core._api.factor_for_solve`'s :func:`_one_by_lapack`, then
+    the kernel's ``getrs``) without its checks and dispatch. Smaller systems are the fused kernel's
+    (``CpuBackend.solve_fused``); anything else returns ``None``."""
     if type(A) is not np.ndarray or type(B) is not np.ndarray:
         return None
     dt, shape = A.dtype, A.shape
     # The small systems first, and at once: they are the fused kernel's, and the commonest (8 x 8: ~0.2 us here).
-    if len(shape) != 2 or shape[0] <= _tuning.FACTOR_KERNEL_COMPLEX_MAX_N or dt not in _DTYPES or B.dtype != dt:
+    if len(shape) < 2 or shape[-1] <= _tuning.FACTOR_KERNEL_COMPLEX_MAX_N or dt not in _DTYPES or B.dtype != dt:
         return None
-    n = shape[0]
-    if shape[1] != n or n > _tuning.LAPACK_POOL_MAX_N:  # (n = 0 is a small system: refused above)
+    n, batch, bshape = shape[-1], shape[:-2], B.shape
+    if shape[-2] != n or n > _tuning.LAPACK_POOL_MAX_N or batch.count(1) != len(batch):  # (n = 0: refused above)
         return None
-    vector = B.ndim == 1  # torch.linalg.solve's batch of vectors: B.shape == A.shape[:-1]
-    if not (vector or B.ndim == 2) or B.shape[0] != n:
-        return None
-    nrhs = 1 if vector else B.shape[1]
+    # torch.linalg.solve's vectors: B one-dimensional, or of A's shape without its last dimension
+    vector = len(bshape) == 1 or bshape == shape[:-1]
+    if vector:
+        if bshape[-1] != n:
+            return None
+        nrhs, out_batch = 1, batch
+    else:
+        if len(bshape) < 2 or bshape[-2] != n or bshape[:-2].count(1) != len(bshape) - 2:
+            return None
+        nrhs, out_batch = bshape[-1], (1,) * max(len(batch), len(bshape) - 2)
     try:
         if not nrhs or _backend._factor_by_kernel(n, dt) or not _backend._solve_by_kernel(n, nrhs, dt):
             return None
     except (ValueError, RuntimeError):  # LU_CORE_LAPACK refused (where the solve rule asks the LAPACK): the general
         return None  # path says so; otherwise getrf_alone's lapack() raises the very error the general path would
-    src, transposed = _backend._factor_source(A.reshape(1, n, n))
-    s, piv, info = _lapack.getrf_alone(src, transposed, n, n)
+    s, piv, info = _getrf_alone(A, n, n)
     piv0 = _backend.CPU_BACKEND.own_pivots(piv)
-    w = np.empty((n, nrhs), dtype=dt)  # X as the general path allocates it (a vector: a view of its column)
-    np.copyto(w, B[:, None] if vector else B)
+    w = np.empty((*out_batch, n, nrhs), dtype=dt)  # X as the general path allocates it (a vector: a view of its column)
+    np.copyto(w, B[..., None] if vector else B)
     _kernels.getrs(_backend._split(1, 2 * nrhs * n * n), s, piv0, _FIRST, w.reshape(1, n, nrhs), 0)
-    return (w[:, 0] if vector else w), np.array(info, dtype=np.int32)
+    return (w[..., 0] if vector else w), np.array(info, dtype=np.int32).reshape(batch)
 
 
 # Last: the backend imports this module and binds its functions; whichever of the two is imported

@@ -215,6 +215,50 @@ def test_one_system_with_non_finite_entries_as_the_general_path(general, dtype, 
         assert not np.isfinite(X).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("a_batch", "b_batch", "rhs"),
+    [
+        ((1,), (), "vector"),
+        ((1,), (1,), "vector"),  # B of A's shape without its last dimension
+        ((1, 1), (1, 1), "vector"),
+        ((1, 1), (), "vector"),
+        ((1,), (), 3),
+        ((1,), (1,), 3),
+        ((1,), (1, 1), 1),  # B's batch longer than A's
+        ((1, 1), (1,), 3),
+        ((), (1,), 3),
+        ((), (1, 1), "vector"),  # not a vector: (1, 1, n) beside (n, n) is a matrix of one row (refused)
+    ],
+)
+def test_one_system_in_a_batch_of_one_as_the_general_path(general, dtype, a_batch, b_batch, rhs):
+    """One system with batch dimensions of extent 1 (the grid's and batched clients' single matrix) on A, on B,
+    or both, B a matrix or a vector: the short path's answer is the general path's (shape, strides and bits),
+    singular systems raise the same error (naming the same batch index) and give the same X unchecked."""
+    n = 128
+    rng = np.random.default_rng(len(a_batch) * 7 + len(b_batch))
+    A = _rand(rng, (*a_batch, n, n), dtype)
+    B = _rand(rng, (*b_batch, n) if rhs == "vector" else (*b_batch, n, rhs), dtype)
+    refused = a_batch == () and rhs == "vector" and b_batch
+    assert (_direct.system_direct(A, B) is None) == bool(refused)
+    if refused:
+        with pytest.raises(lu_core.ShapeError):
+            lu_core.solve(A, B)
+        return
+    _same((lu_core.solve(A, B),), (general(lu_core.solve, A, B),))
+    singular = A.copy()
+    singular[..., 5] = 0
+    with pytest.raises(lu_core.SingularMatrixError) as short:
+        lu_core.solve(singular, B)
+    with pytest.raises(lu_core.SingularMatrixError) as long:
+        general(lu_core.solve, singular, B)
+    assert str(short.value) == str(long.value)
+    _same(
+        (lu_core.solve(singular, B, check_errors=False),),
+        (general(lu_core.solve, singular, B, check_errors=False),),
+    )
+
+
 @pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix
 def test_systems_the_short_path_does_not_take():
     """A batch, broadcasting, mixed dtypes, integer input, lists, a matrix the kernels factor (fused there) or
@@ -231,6 +275,9 @@ def test_systems_the_short_path_does_not_take():
     for args in (
         (np.stack([A, A]), B),
         (A, np.stack([B, B])),
+        (A[None], np.stack([B, B])),  # B's batch is not one
+        (np.stack([A, A])[:, None], B[None]),
+        (A[None], B[None, None, :5]),
         (A, B.astype(np.float32)),
         (A.astype(np.int64), B),
         (A.tolist(), B),
