@@ -32,7 +32,9 @@ def _shown(value: Any) -> str:
 
 def flag(value: Any, argument: str) -> bool:
     """A boolean option; anything else (the string ``"false"``, None, 0) is refused, as PyTorch refuses it."""
-    if isinstance(value, bool | np.bool_):
+    if value is True or value is False:  # the common case, before the type check (small calls are latency-bound)
+        return value
+    if isinstance(value, np.bool_):
         return bool(value)
     raise InvalidInputError(argument, f"expected True or False, got {_shown(value)}")
 

@@ -551,6 +551,7 @@ scatter_permutation = Twin(_scatter_permutation)
 transpose_into = Twin(_transpose_into)
 unpack_small = Twin(_unpack_small)
 _getrf_serial = getrf.serial
+_gesv_serial = gesv.serial
 
 
 @nb.njit(**_SERIAL)
@@ -575,6 +576,23 @@ def getrf_one(a, pivot):
     m, n = a.shape
     lu, piv, info = getrf_one_batched(a.reshape(1, m, n), pivot)
     return lu[0], piv[0], info.reshape(())
+
+
+@nb.njit(**_SERIAL)
+def gesv_one(a, b, x):
+    """``gesv``'s serial twin on one system, ``a`` C-ordered ``n x n``, ``b`` C-ordered ``n x nrhs``: ``x`` (``n x
+    nrhs``, C-ordered, the caller's) receives the solution, and ``info`` (shape ``(1,)``) is returned; the bits of
+    the batched path. One call where ``CpuBackend.solve_fused`` makes five (allocations, the copy of ``b`` and the
+    kernel's) after the general path's checks and broadcasting, for ``_direct``, whose small systems are the
+    latency-bound case (8 x 8: ~12 us, of which ~2 in the kernel)."""
+    n = a.shape[0]
+    s = np.empty((1, n, n), a.dtype)
+    piv = np.empty((1, n), np.int32)
+    info = np.zeros(1, np.int32)
+    first = np.zeros(1, np.intp)  # problem 0 uses factorization 0 (a global array would be unpickled every call)
+    x[:, :] = b
+    _gesv_serial(a.reshape(1, n, n), True, s, piv, info, first, x.reshape(1, n, x.shape[1]), 0)
+    return info
 
 
 @nb.njit(**_SERIAL)

@@ -137,9 +137,8 @@ def test_one_matrix_gives_the_general_paths_bits(general, dtype, shape, layout, 
 def _system_sizes() -> list[int]:
     from lu_core._cpu import _tuning
 
-    return sorted(
-        {_tuning.FACTOR_KERNEL_COMPLEX_MAX_N + 1, _tuning.FACTOR_KERNEL_MAX_N + 1, 128, _tuning.LAPACK_POOL_MAX_N}
-    )
+    kernel = (8, _tuning.FACTOR_KERNEL_COMPLEX_MAX_N, _tuning.FACTOR_KERNEL_MAX_N)  # the fused kernel's (real)
+    return sorted({*kernel, *(n + 1 for n in kernel[1:]), 128, _tuning.LAPACK_POOL_MAX_N})
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -147,15 +146,14 @@ def _system_sizes() -> list[int]:
 @pytest.mark.parametrize("rhs", ["vector", 1, 3, 8])
 @pytest.mark.parametrize("layout", ["C", "F", "strided"])
 def test_one_system_gives_the_general_paths_bits(general, monkeypatch, dtype, n, rhs, layout, lapack):
-    """``solve`` of one system past the kernels' factor sizes and within the LAPACK pool's, with right-hand
-    sides the kernel solves: getrf held to one thread, then the kernel's getrs, without the general path's
-    checks; its bits, singular systems included (raised alike, and the same infinities or NaNs without
+    """``solve`` of one system up to the LAPACK pool's sizes, with right-hand sides the kernel solves, without the
+    general path's checks: where the kernels factor, the fused kernel's serial twin in one Numba call (A and B
+    C-ordered; other layouts take the general path); past them getrf held to one thread, then the kernel's
+    getrs. Its bits, singular systems included (raised alike, and the same infinities or NaNs without
     the check), on MKL and on SciPy's OpenBLAS (whose solve rule differs: float32 n > 96 with 8
     right-hand sides is the kernel's beside MKL only); the inputs untouched, X its own."""
-    from lu_core._cpu import _tuning, backend
+    from lu_core._cpu import backend
 
-    if n <= (_tuning.FACTOR_KERNEL_COMPLEX_MAX_N if np.dtype(dtype).kind == "c" else _tuning.FACTOR_KERNEL_MAX_N):
-        pytest.skip("the kernels factor this size (solve_fused)")
     rng = np.random.default_rng(n * 3 + (0 if rhs == "vector" else rhs))
     A = _rand(rng, (2 * n, n), dtype)
     A = A[::2] if layout == "strided" else np.asfortranarray(A[:n]) if layout == "F" else A[:n].copy()
@@ -163,7 +161,9 @@ def test_one_system_gives_the_general_paths_bits(general, monkeypatch, dtype, n,
     Bs = {"C": B, "F": np.asfortranarray(B), "strided": _rand(rng, (2 * n, *B.shape[1:]), dtype)[::-2]}[layout]
     nrhs = 1 if rhs == "vector" else rhs
     taken = _direct.system_direct(A, Bs)
-    assert (taken is not None) == backend._solve_by_kernel(n, nrhs, np.dtype(dtype))
+    dt = np.dtype(dtype)
+    fused = backend._factor_by_kernel(n, dt)
+    assert (taken is not None) == (backend._solve_by_kernel(n, nrhs, dt) and (not fused or layout == "C"))
     calls = []
     real = CpuBackend.system_direct
     monkeypatch.setattr(CpuBackend, "system_direct", staticmethod(lambda *a: calls.append(real(*a)) or calls[-1]))
@@ -200,13 +200,14 @@ def _singular_as_the_general_path(general, singular, B) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("where", ["A", "B"])
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
-def test_one_system_with_non_finite_entries_as_the_general_path(general, dtype, where, value):
+@pytest.mark.parametrize("fused", [True, False])
+def test_one_system_with_non_finite_entries_as_the_general_path(general, dtype, where, value, fused):
     """A NaN or an infinity in the matrix or in the right-hand sides: the short path's answer (the
     propagated NaNs and infinities; not an error, LAPACK's info staying 0) is the general path's, with
     and without the check."""
     from lu_core._cpu import _tuning, backend
 
-    n = max(_tuning.FACTOR_KERNEL_MAX_N, _tuning.FACTOR_KERNEL_COMPLEX_MAX_N) + 1
+    n = 8 if fused else max(_tuning.FACTOR_KERNEL_MAX_N, _tuning.FACTOR_KERNEL_COMPLEX_MAX_N) + 1
     if not backend._solve_by_kernel(n, 1, np.dtype(dtype)):
         pytest.skip("LAPACK's getrs solves this size here")
     rng = np.random.default_rng(5)
@@ -237,11 +238,11 @@ def test_one_system_with_non_finite_entries_as_the_general_path(general, dtype, 
         ((), (1, 1), "vector"),  # not a vector: (1, 1, n) beside (n, n) is a matrix of one row (refused)
     ],
 )
-def test_one_system_in_a_batch_of_one_as_the_general_path(general, dtype, a_batch, b_batch, rhs):
+@pytest.mark.parametrize("n", [8, 128])
+def test_one_system_in_a_batch_of_one_as_the_general_path(general, dtype, a_batch, b_batch, rhs, n):
     """One system with batch dimensions of extent 1 (the grid's and batched clients' single matrix) on A, on B,
     or both, B a matrix or a vector: the short path's answer is the general path's (shape, strides and bits),
     singular systems raise the same error (naming the same batch index) and give the same X unchecked."""
-    n = 128
     rng = np.random.default_rng(len(a_batch) * 7 + len(b_batch))
     A = _rand(rng, (*a_batch, n, n), dtype)
     B = _rand(rng, (*b_batch, n) if rhs == "vector" else (*b_batch, n, rhs), dtype)
@@ -260,8 +261,8 @@ def test_one_system_in_a_batch_of_one_as_the_general_path(general, dtype, a_batc
 
 @pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix
 def test_systems_the_short_path_does_not_take():
-    """A batch, broadcasting, mixed dtypes, integer input, lists, a matrix the kernels factor (fused there) or
-    the threaded LAPACK does, right-hand sides LAPACK's getrs solves, wrong or empty shapes, left=False:
+    """A batch, broadcasting, mixed dtypes, integer input, lists, a matrix the kernels factor given in another
+    layout than C-ordered (with a C-ordered B, or B in another), one the threaded LAPACK factors, right-hand sides LAPACK's getrs solves, wrong or empty shapes, left=False:
     None (or not asked), and the public call answers (or refuses) them as before."""
     from lu_core._cpu import _tuning
 
@@ -281,7 +282,8 @@ def test_systems_the_short_path_does_not_take():
         (A.astype(np.int64), B),
         (A.tolist(), B),
         (A, B.tolist()),
-        (A[:8, :8], B[:8]),
+        (np.asfortranarray(A[:8, :8]), B[:8]),  # the fused kernel's size: C-ordered A and B only
+        (A[:8, :8], np.asfortranarray(B[:8])),
         (np.eye(big), np.ones((big, 1))),
         (A, rng.standard_normal((n, 64))),  # LAPACK's getrs solves 64 right-hand sides: A^T factored
         (A, B[:5]),
