@@ -153,6 +153,12 @@ def _replace_nonfinite(name: str, value: Any) -> Any:
 
 
 def _shape(name: str, shape: Any) -> tuple[int, ...]:
+    if type(shape) is list and len(shape) <= MAX_RANK:  # the common case in one pass (JSON gives exact ints)
+        for d in shape:
+            if type(d) is not int or d < 0:
+                break
+        else:
+            return tuple(shape)
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise bad_request(
             "malformed_tensor", f"{name}: shape must be a list of non-negative integers, got {brief(shape)}"

@@ -24,7 +24,7 @@ and bookkeeping) cannot escape the bound.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 __all__ = ["ANSWER_FACTOR", "BODY_FACTOR", "answer_bytes", "body_bytes", "json_structure_bytes", "work_elements"]
 
@@ -70,6 +70,7 @@ def answer_bytes(fmt: str, elements: int, itemsize: int) -> int:
     return ANSWER_FACTOR[fmt] * elements * itemsize
 
 
-def work_elements(shape: Iterable[int]) -> int:
+def work_elements(shape: Sequence[int]) -> int:
     """Elements of a tensor of ``shape``, each zero-size dimension counted as one."""
-    return math.prod(max(int(d), 1) for d in shape)
+    count = math.prod(shape)  # the common case: no zero-size dimension, one product in C
+    return count if count else math.prod(max(int(d), 1) for d in shape)
