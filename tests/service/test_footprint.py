@@ -17,7 +17,7 @@ import pytest
 import lu_core
 from service.codec import decode_binary, decode_native_json, encode_binary, encode_native_json
 from service.errors import ServiceError
-from service.footprint import JSON_SLACK, answer_bytes, body_bytes, json_structure_bytes
+from service.footprint import JSON_SLACK, answer_bytes, body_bytes, json_structure_bytes, work_elements
 from service.operations import OPERATIONS
 from tests.service.wire import binary_request, to_json_tensor
 
@@ -140,3 +140,21 @@ def test_parsing_json_stays_within_what_is_reserved_before_it(text):
         finally:
             tracemalloc.stop()
     assert peak + len(body) <= reserved, (text[:30], peak / len(body), reserved / len(body))
+
+
+@pytest.mark.parametrize(
+    ("shape", "count"),
+    [
+        ((), 1),
+        ((8, 8), 64),
+        ((0, 8), 8),
+        ((3, 0, 0), 3),
+        ((0,), 1),
+        ((2**40, 2**40), 2**80),
+        (np.zeros((4, 0, 5)).shape, 20),
+    ],
+)
+def test_work_elements_counts_a_zero_size_dimension_as_one(shape, count):
+    """The budget's count: the elements, a zero-size dimension counting as one (an empty tensor's batch still
+    sizes its pivots and info), without overflow however large the declared shape."""
+    assert work_elements(shape) == count and work_elements(list(shape)) == count
