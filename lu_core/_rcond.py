@@ -26,7 +26,7 @@ import numpy as np
 from lu_core._api import _matrix, _pivots
 from lu_core._backend import Backend, backend_for
 from lu_core._errors import DTypeError, InvalidInputError, ShapeError
-from lu_core._validate import check_pivots_shape, require_square
+from lu_core._validate import _shown, check_pivots_shape, require_square
 from lu_core._xp import array_module, to_host
 
 __all__ = ["lu_rcond"]
@@ -45,7 +45,11 @@ def _norm_kind(norm: Any) -> bool:
 
 def _anorm(be: Backend, xp: Any, anorm: Any, batch: tuple[int, ...], real: np.dtype) -> Any:
     if isinstance(anorm, int | float | np.number) and not isinstance(anorm, bool | complex | np.complexfloating):
-        a = xp.asarray(float(anorm), dtype=real)
+        try:
+            value = float(anorm)
+        except OverflowError:  # an int past float64's range
+            raise InvalidInputError("anorm", f"{_shown(anorm)} is past float64's range") from None
+        a = xp.asarray(value, dtype=real)
     else:
         a = be.asarray(anorm, "anorm")
         if a.dtype.kind not in "iuf":

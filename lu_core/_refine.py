@@ -31,7 +31,7 @@ import numpy as np
 from lu_core._api import _matrix, _vector_rhs
 from lu_core._backend import Backend, backend_for
 from lu_core._batching import broadcast_index, unravel
-from lu_core._errors import FactorDTypeError, ShapeError, SingularMatrixError
+from lu_core._errors import FactorDTypeError, InvalidInputError, ShapeError, SingularMatrixError
 from lu_core._validate import common_dtype, count, flag, require_square
 from lu_core._xp import array_module, to_host
 
@@ -88,7 +88,8 @@ def factor_dtype_for(factor_dtype: Any, dtype: np.dtype, on_gpu: bool) -> np.dty
             "factor_dtype", f"{dt.name} is more precise than A's dtype {dtype.name}; refinement needs it less or equal"
         )
     # A precision is what is asked for: "float32" factors complex128 input in complex64.
-    return np.dtype(np.complex64 if real_bits == 4 else np.complex128) if dtype.kind == "c" else dt
+    # (in native byte order: a name such as ">f4" is a precision here, not a layout, and the kernels take native)
+    return np.dtype(np.complex64 if real_bits == 4 else np.complex128) if dtype.kind == "c" else np.dtype(dt.name)
 
 
 def _inf_norms(xp: Any, v: Any) -> Any:
@@ -321,7 +322,7 @@ def solve_refined(
     b_raw = be.asarray(B, "B")
     vector = _vector_rhs(a.shape, b_raw.shape, left)
     b = _matrix(be, b_raw[..., None] if vector else b_raw, "B")
-    steps = count(max_iter, "max_iter")
+    steps = count(max_iter, "max_iter", InvalidInputError)  # a number of steps, not a size
     dtype = common_dtype(a.dtype, b.dtype)
     low = factor_dtype_for(factor_dtype, dtype, be.name == "gpu")
     n = a.shape[-1]

@@ -39,10 +39,11 @@ def flag(value: Any, argument: str) -> bool:
     raise InvalidInputError(argument, f"expected True or False, got {_shown(value)}")
 
 
-def count(value: Any, argument: str) -> int:
-    """A non-negative integer argument (a size, a number of steps), at most :data:`MAX_COUNT`."""
+def count(value: Any, argument: str, error: type[InvalidInputError] = ShapeError) -> int:
+    """A non-negative integer argument (a size, a number of steps), at most :data:`MAX_COUNT`; else ``error``
+    (a :class:`ShapeError` for a size, :class:`InvalidInputError` for anything else)."""
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or not 0 <= value <= MAX_COUNT:
-        raise ShapeError(argument, f"expected a non-negative integer up to 2**31 - 1, got {_shown(value)}")
+        raise error(argument, f"expected a non-negative integer up to 2**31 - 1, got {_shown(value)}")
     return int(value)
 
 

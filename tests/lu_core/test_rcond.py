@@ -109,6 +109,8 @@ def test_singular_empty_and_non_finite(rng):
         ((np.ones((2, 3, 3)), np.ones((2, 3), np.int32), np.ones(3)), {}, lu_core.ShapeError, "anorm"),
         ((np.eye(3), np.ones(3, np.int32), np.array(1j)), {}, lu_core.DTypeError, "anorm"),
         ((np.eye(3), np.ones(3, np.int32), "big"), {}, lu_core.DTypeError, "anorm"),
+        ((np.eye(3), np.ones(3, np.int32), 2**2000), {}, lu_core.InvalidInputError, "anorm"),  # was OverflowError
+        ((np.eye(3), np.ones(3, np.int32), -(2**2000)), {}, lu_core.InvalidInputError, "anorm"),
     ],
 )
 def test_bad_arguments(args, kwargs, error, argument):

@@ -216,18 +216,37 @@ def test_non_finite_input_falls_back_and_propagates(rng):
         (np.eye(3), np.array(1.0), {}, lu_core.ShapeError, "B"),
         (np.eye(3).astype(bool), np.ones(3), {}, lu_core.DTypeError, "A"),
         (np.eye(3), np.array(["a", "b", "c"]), {}, lu_core.DTypeError, "B"),
-        (np.eye(3), np.ones(3), {"max_iter": -1}, lu_core.ShapeError, "max_iter"),
-        (np.eye(3), np.ones(3), {"max_iter": 1.5}, lu_core.ShapeError, "max_iter"),
-        (np.eye(3), np.ones(3), {"max_iter": 2**31}, lu_core.ShapeError, "max_iter"),  # was Numba's TypingError
-        (np.eye(3), np.ones(3), {"max_iter": 10**30}, lu_core.ShapeError, "max_iter"),
-        (np.eye(3), np.ones(3), {"max_iter": True}, lu_core.ShapeError, "max_iter"),
-        (np.eye(3), np.ones(3), {"max_iter": "3"}, lu_core.ShapeError, "max_iter"),
+        (np.eye(3), np.ones(3), {"max_iter": -1}, lu_core.InvalidInputError, "max_iter"),
+        (np.eye(3), np.ones(3), {"max_iter": 1.5}, lu_core.InvalidInputError, "max_iter"),
+        (np.eye(3), np.ones(3), {"max_iter": 2**31}, lu_core.InvalidInputError, "max_iter"),  # was Numba's TypingError
+        (np.eye(3), np.ones(3), {"max_iter": 10**30}, lu_core.InvalidInputError, "max_iter"),
+        (np.eye(3), np.ones(3), {"max_iter": True}, lu_core.InvalidInputError, "max_iter"),
+        (np.eye(3), np.ones(3), {"max_iter": "3"}, lu_core.InvalidInputError, "max_iter"),
     ],
 )
 def test_bad_arguments(A, B, kwargs, error, argument):
     with pytest.raises(error) as excinfo:
         lu_core.solve_refined(A, B, **kwargs)
+    # the very class (max_iter is a number of steps: not a ShapeError, a subclass of InvalidInputError)
+    assert type(excinfo.value) is error
     assert excinfo.value.argument == argument and isinstance(excinfo.value, ValueError)
+
+
+@pytest.mark.parametrize("name", [">f4", "<f4", ">f8", "=f8", ">c8", ">c16"])
+def test_a_factor_dtype_named_with_a_byte_order_is_its_precision(name):
+    """A dtype string with a byte order (">f4": big-endian float32) names a precision; it was passed on to the
+    kernels in that byte order, which Numba could not type (a TypingError after a 3 s compile)."""
+    rng = np.random.default_rng(3)
+    want = np.dtype(name)
+    A = rng.standard_normal((4, 4)) + 4 * np.eye(4)
+    B = rng.standard_normal(4)
+    if want.kind == "c":
+        A, B = A + 0j, B + 0j
+    X, it, _ = lu_core.solve_refined(A, B, factor_dtype=name)
+    assert it >= 0
+    np.testing.assert_allclose(X, np.linalg.solve(A, B), rtol=1e-12)
+    ref = lu_core.solve_refined(A, B, factor_dtype=want.newbyteorder("=").name)
+    np.testing.assert_array_equal(X, ref[0])
 
 
 def test_integers_promote_and_inputs_are_not_modified(rng):
