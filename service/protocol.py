@@ -64,6 +64,11 @@ MAX_HEADER_FIELDS = 100
 #: "GET /healthz" requests was 7,700 queued requests, about 23 MB, and 100 such clients took 2.3 GB.
 MAX_PIPELINED = 32
 
+#: Framing a chunked body's chunk may bring beside its data without counting against ``max_header_bytes``: its
+#: size in hex, two line ends and a short extension (a client sending one-byte chunks sends ~6 bytes of framing
+#: per byte of body; a trailer or an extension longer than this is held to ``max_header_bytes``).
+CHUNK_FRAMING_BYTES = 64
+
 
 class _Overrun(Exception):
     """Raised in a parser callback to stop parsing this read: uvicorn hands it to send_400_response, which
@@ -412,6 +417,11 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._sink: BodySink | None = None
         self._direct: _DirectBody | None = None
         self._header_fields = 0
+        # A chunked body's framing (chunk sizes, extensions, trailers) is bounded like headers: the parser keeps
+        # an unfinished trailer line whole (and grows it a read at a time, each copy longer), so bytes of a
+        # message's body phase beyond its body bytes may not pass max_header_bytes plus a little per chunk.
+        self._body_phase_bytes = 0
+        self._chunks = 0
         self._overrun: tuple[int, str, str] | None = None  # the refusal a parser callback stopped parsing for
         self._served = False  # admitted by the gate (connection_made ran)
         self.logger = _ConnectionLog(self.logger, self)  # type: ignore[assignment]
@@ -446,7 +456,19 @@ class _BoundedProtocol(HttpToolsProtocol):
                 self._refuse_headers()
                 return
             self._header_tail = (self._header_tail + data[-3:])[-3:]
+            super().data_received(data)
+            return
         super().data_received(data)
+        if self._message_open and not self._in_headers:  # still this request's body (or its trailers)
+            self._body_phase_bytes += len(data)
+            framing = self._body_phase_bytes - self._body_bytes
+            if framing > self.max_header_bytes + CHUNK_FRAMING_BYTES * self._chunks and not self.transport.is_closing():
+                self._refuse(
+                    431,
+                    "headers_too_large",
+                    f"the chunked body's framing (chunk sizes, extensions, trailers) exceeds {self.max_header_bytes} "
+                    f"bytes beyond {CHUNK_FRAMING_BYTES} per chunk",
+                )
         # Requests pipelined after another in one read are not counted from where they start (the parser
         # does not say where that is): their headers are bounded from their next read on, so a read's
         # worth (uvloop's up to 256 KiB) may go over. A request's own first headers are counted exactly.
@@ -499,6 +521,8 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._cancel_deadline()
         self._started = self.loop.time()
         self._body_bytes = 0
+        self._body_phase_bytes = 0
+        self._chunks = 0
         self._deadline = self.loop.call_later(self.read_timeout_s + _APP_GRACE_S, self._read_timed_out)
         self.scope[READ_STARTED] = self._started  # type: ignore[literal-required]
 
@@ -521,6 +545,9 @@ class _BoundedProtocol(HttpToolsProtocol):
             cycle.transport, cycle.on_response = writer, writer.response_complete  # type: ignore[assignment]
             self._sink = BodySink(self.cycle, self)
             self.scope[BODY_SINK] = self._sink  # type: ignore[literal-required]
+
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)

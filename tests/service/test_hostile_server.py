@@ -257,6 +257,50 @@ def test_an_unparsable_chunked_body_is_refused_at_once(server):
     assert time.monotonic() - start < READ_TIMEOUT_S
 
 
+def _chunked_head(request_id: str) -> bytes:
+    return (
+        b"POST /solve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        b"X-Request-ID: " + request_id.encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+
+
+def test_an_endless_trailer_gets_431_at_the_header_bound(server):
+    """A chunked body's trailer line that never ends: the parser kept it whole, growing it a read at a time
+    (147 MiB of one trailer held, ordinary requests stalled for seconds; found by a helper's audit). Now the
+    body's framing is bounded like headers: 431 once it passes LU_MAX_HEADER_BYTES (8 KiB here), long before
+    the read deadline."""
+    body = b'{"A": [[2.0]], "B": [4.0]}'
+    sock = connect(server)
+    start = time.monotonic()
+    sock.sendall(_chunked_head("t-trailer") + b"%x\r\n%s\r\n0\r\nx-a: " % (len(body), body))
+    sent = 0
+    with contextlib.suppress(OSError):  # the server closes while we still send
+        while sent < 8 << 20:
+            sock.sendall(b"b" * 65536)
+            sent += 65536
+    raw = read_until_closed(sock)
+    sock.close()
+    status, _, answer = parse_response(raw)
+    assert (status, answer["code"], answer["request_id"]) == (431, "headers_too_large", "t-trailer")
+    assert "trailers" in answer["error"] and sent < 8 << 20
+    assert time.monotonic() - start < READ_TIMEOUT_S
+
+
+def test_a_body_in_one_byte_chunks_with_a_trailer_is_served(server):
+    """The framing bound leaves room for honest clients: ~5 KB of JSON in one-byte chunks (six bytes of framing
+    each, ~28 KB in all, past the 8 KiB header bound) and a short trailer are answered."""
+    A = np.eye(30) * 2
+    body = json.dumps({"A": A.tolist(), "B": [1.0] * 30}).encode()
+    assert 6 * len(body) > 8192
+    chunks = b"".join(b"1\r\n" + body[i : i + 1] + b"\r\n" for i in range(len(body)))
+    sock = connect(server)
+    sock.sendall(_chunked_head("t-chunks") + chunks + b"0\r\nx-checksum: 1\r\n\r\n")
+    status, _, answer = parse_response(read_until_closed(sock))
+    sock.close()
+    assert status == 200, answer
+    np.testing.assert_allclose(answer["X"]["data"], [0.5] * 30)
+
+
 def test_a_body_refused_early_is_discarded_and_the_connection_goes_on(server):
     """413 before the body is read; the body that still arrives is not taken for headers (no 431)."""
     sock = connect(server)
