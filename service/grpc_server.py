@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 from fastapi import FastAPI
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
@@ -197,6 +198,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             if method not in _OPEN:
                 check_authorization(metadata.get("authorization", ""), self.state.settings.api_keys)
+            if isinstance(request, Malformed):
+                raise ServiceError(400, "malformed_request", f"the message is not a valid {method} request: {request}")
             response = await handler(request, context)
             out = response.ByteSize()
             status = Code.OK.name
@@ -227,6 +230,56 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                      "bytes_in": size, "bytes_out": out},
                 )  # fmt: skip
             request_id_var.reset(token)
+
+
+class Malformed(str):
+    """A message protobuf could not parse, handed to the servicer in its place (the parser's words) so that the
+    RPC is answered INVALID_ARGUMENT in the error model: a deserializer that raises makes grpcio answer UNKNOWN
+    itself, naming the exception's class."""
+
+    def __new__(cls, reason: str, size: int) -> Malformed:
+        self = super().__new__(cls, reason)
+        self.size = size
+        return self
+
+    def ByteSize(self) -> int:  # a protobuf message's method, for the access log
+        return self.size
+
+
+def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except DecodeError as exc:
+            return Malformed(str(exc)[:200], len(data))
+
+    return deserialize
+
+
+def add_servicer(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """``pb_grpc.add_GRPCInferenceServiceServicer_to_server``, each request parsed leniently (:class:`Malformed`)."""
+
+    class Capture:
+        def __init__(self) -> None:
+            self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+        def add_generic_rpc_handlers(self, handlers: Any) -> None:
+            pass
+
+        def add_registered_method_handlers(self, name: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+            assert name == SERVICE
+            self.handlers = handlers
+
+    capture = Capture()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, capture)
+    if not capture.handlers:  # pragma: no cover - a tritonclient whose generated code registers otherwise
+        raise RuntimeError("tritonclient's gRPC registration did not list its method handlers")
+    handlers = {
+        name: handler._replace(request_deserializer=_lenient(handler.request_deserializer))
+        for name, handler in capture.handlers.items()
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
+    server.add_registered_method_handlers(SERVICE, handlers)
 
 
 def _refusing(method: str) -> Callable[..., Awaitable[Any]]:
@@ -294,7 +347,7 @@ class GrpcServer:
                 ("grpc.max_allowed_incoming_connections", settings.max_connections),
             ],
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.app), server)
+        add_servicer(InferenceServicer(self.app), server)
         address = f"{settings.host}:{settings.grpc_port}"
         try:
             self.port = server.add_insecure_port(address)

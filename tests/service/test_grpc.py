@@ -188,6 +188,24 @@ BAD_REQUESTS += [
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize("method", ["ModelInfer", "ModelMetadata", "ServerLive", "RepositoryIndex"])
+@pytest.mark.parametrize("payload", [b"\xff\xff\xff\xff garbage", b"\x0a\xff\xff\xff\xff\x0f", b"\x08" * 3])
+async def test_a_message_protobuf_cannot_parse_is_invalid_argument(make_grpc, method, payload):
+    """Bytes that are no message of the RPC's type: INVALID_ARGUMENT in the error model (grpcio answered UNKNOWN
+    itself, "Unexpected <class 'google.protobuf.message.DecodeError'>", before the servicer ran; found by a
+    helper's audit), and the server goes on."""
+    http, _, stub = await make_grpc()
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{http.app.state.grpc.port}") as channel:
+        raw = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")  # bytes in and out
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await raw(payload)
+    assert info.value.code().name == "INVALID_ARGUMENT", info.value.details()
+    assert "not a valid" in info.value.details()
+    trailing = dict(info.value.trailing_metadata() or ())
+    assert trailing["lu-error-code"] == "malformed_request" and trailing["x-request-id"]
+    assert (await stub.ServerLive(pb.ServerLiveRequest())).live
+
+
 @pytest.mark.parametrize(("request_", "status", "code"), BAD_REQUESTS)
 async def test_errors_map_to_grpc_codes_never_unknown(make_grpc, request_, status, code):
     _, _, stub = await make_grpc(max_elements=1 << 12)
