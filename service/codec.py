@@ -125,11 +125,13 @@ def _numbers(name: str, value: Any) -> np.ndarray:
     A string never reaches ``np.array``: NumPy would make a text array as wide as the longest string for
     every element (a 60 kB body holding 20,000 zeros and one 20,000-character string asked 1.6 GB; gzipped,
     121 bytes). Lists of numbers only, the common case, are checked in C first (:func:`_numbers_only`);
-    anything else is walked in Python (:func:`_replace_nonfinite`), which turns the non-finite spellings
-    into floats and refuses any other string, or a value that is not a number, by name."""
+    anything else is searched for strings, and where there are some walked in Python (:func:`_replace_nonfinite`),
+    which turns the non-finite spellings into floats and refuses any other string, or a value that is not a
+    number, by name."""
     if not _numbers_only(value):
-        try:
-            value = _replace_nonfinite(name, value)
+        try:  # (a copy only where there are strings to replace: nesting alone is np.array's to refuse)
+            if _any_string(value):
+                value = _replace_nonfinite(name, value)
         except RecursionError:
             raise bad_request("malformed_tensor", f"{name}: nested too deep") from None
     try:
@@ -163,6 +165,10 @@ def _numbers_only(value: list) -> bool:
     except TypeError:
         return False
     return True
+
+
+def _any_string(value: Any) -> bool:
+    return any(map(_any_string, value)) if type(value) is list else isinstance(value, str)
 
 
 def _replace_nonfinite(name: str, value: Any) -> Any:
@@ -446,22 +452,74 @@ tensor_shape = _shape
 
 def _plain(arr: np.ndarray, flat: bool) -> Any:
     """What orjson writes for ``arr``: the array itself, or lists with the non-finite strings."""
-    if arr.dtype.kind == "c":
+    complex_ = arr.dtype.kind == "c"
+    if complex_:
         arr = np.stack((arr.real, arr.imag), axis=-1)
         if flat:
             arr = arr.reshape(-1, 2)
     elif flat:
         arr = arr.reshape(-1)
     arr = np.asarray(arr, dtype=arr.dtype.newbyteorder("="), order="C")  # (ascontiguousarray makes 0-d 1-d)
-    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-        obj = arr.astype(object)
-        obj[np.isnan(arr)] = "NaN"
-        obj[np.isposinf(arr)] = "Infinity"
-        obj[np.isneginf(arr)] = "-Infinity"
-        return obj.tolist()
     if arr.ndim == 0:
-        return arr.item()
+        return _spelled(arr).item() if arr.dtype.kind == "f" else arr.item()
+    if complex_ or (arr.dtype.kind == "f" and not np.isfinite(arr).all()):
+        return orjson.Fragment(_array_json(arr))
     return arr
+
+
+def _spelled(arr: np.ndarray) -> np.ndarray:
+    """``arr`` as an object array, its non-finite values spelled as JSON has them (strings)."""
+    obj = arr.astype(object)
+    obj[np.isnan(arr)] = "NaN"
+    obj[np.isposinf(arr)] = "Infinity"
+    obj[np.isneginf(arr)] = "-Infinity"
+    return obj
+
+
+_SPELLINGS = np.array([b'"NaN"', b'"Infinity"', b'"-Infinity"'], dtype=object)
+
+#: Elements orjson writes at once where :func:`_array_json` cuts an array into blocks.
+_JSON_BLOCK = 1 << 13
+
+
+def _array_json(arr: np.ndarray) -> bytes:
+    """The JSON text of ``arr`` (float, C-ordered, native, at least one dimension; nested lists), its non-finite
+    values spelled out, written by orjson a block of at most ``_JSON_BLOCK`` elements at a time.
+
+    For arrays whose rows are short (complex pairs: 2) or that hold non-finite values. orjson's buffers while it
+    writes an array grow with its rows (~190 bytes per row of two: a 96 x 96 complex64 factorization's JSON
+    answer peaked at 1.3x its reservation), and the array made Python floats and lists, as non-finite values
+    were written before, took ~250 bytes per element (a 1000 x 1000 float32 one with a NaN: 5x; both found
+    by a helper's audit)."""
+    return b"[" + _array_items(arr) + b"]"
+
+
+def _array_items(arr: np.ndarray) -> bytes:
+    if arr.size <= _JSON_BLOCK or not arr.shape[0]:
+        return _block_json(arr)[1:-1]  # (a copy: the bytes orjson returns keep the buffer it grew)
+    rows = _JSON_BLOCK // (arr.size // arr.shape[0])
+    if not rows:  # one row is larger than a block: each row by itself, an element of the list
+        return b",".join([_array_json(row) for row in arr])
+    return b",".join([_array_items(arr[i : i + rows]) for i in range(0, arr.shape[0], rows)])
+
+
+def _block_json(arr: np.ndarray) -> bytes:
+    """orjson's text of ``arr``, each non-finite value (which it writes ``null``) replaced by its spelling: at
+    once where they are all of one kind (the usual case: a NaN spreads through a factorization), else by
+    splitting the text at each ``null``, in the array's order."""
+    text = orjson.dumps(arr, option=orjson.OPT_SERIALIZE_NUMPY)
+    bad = arr[~np.isfinite(arr)]  # in the order orjson wrote them
+    if not bad.size:
+        return text
+    kinds = np.where(np.isnan(bad), 0, np.where(bad > 0, 1, 2))
+    if (kinds == kinds[0]).all():
+        return text.replace(b"null", _SPELLINGS[kinds[0]])
+    pieces = text.split(b"null")
+    del text
+    joined: list[bytes] = [b""] * (2 * len(pieces) - 1)
+    joined[::2] = pieces
+    joined[1::2] = _SPELLINGS[kinds].tolist()
+    return b"".join(joined)
 
 
 def _json_dtype(arr: np.ndarray) -> str:
