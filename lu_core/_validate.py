@@ -26,7 +26,10 @@ MAX_COUNT = 2**31 - 1
 
 def _shown(value: Any) -> str:
     """``repr(value)``, cut short for a message."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str (10**5000)
+        return f"<{type(value).__name__} too large to show>"
     return text if len(text) <= 40 else text[:40] + "..."
 
 

@@ -151,16 +151,21 @@ def _numbers(name: str, value: Any) -> np.ndarray:
 def _numbers_only(value: list) -> bool:
     """Whether the innermost lists of ``value`` (at the depth of its first element's, up to ``MAX_RANK``) hold
     numbers only, by summing them in C: a string, a null, an object or a list deeper than the first element's
-    stops the sum with a ``TypeError`` (booleans sum: ``np.array`` then reads them as NumPy does). About a fifth
-    of ``np.array``'s own time on a 300 x 300 matrix."""
+    stops the sum with a ``TypeError`` (booleans sum: ``np.array`` then reads them as NumPy does). Each level
+    above is flattened only where it holds lists alone (a string there would be taken apart character by
+    character). About a fifth of ``np.array``'s own time on a 300 x 300 matrix."""
+    if type(value) is not list:  # a scalar (or anything else): the careful path
+        return False
     parents = [value]
-    first = value
+    for _ in range(MAX_RANK):
+        first = parents[0]
+        if not first or type(first[0]) is not list:
+            break
+        children = list(chain.from_iterable(parents))
+        if set(map(type, children)) != {list}:
+            return False
+        parents = children
     try:
-        for _ in range(MAX_RANK):
-            if not first or type(first[0]) is not list:
-                break
-            first = first[0]
-            parents = list(chain.from_iterable(parents))
         sum(map(sum, parents))
     except TypeError:
         return False

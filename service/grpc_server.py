@@ -19,7 +19,6 @@ from typing import Any
 
 import grpc
 from fastapi import FastAPI
-from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
@@ -250,8 +249,8 @@ def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     def deserialize(data: bytes) -> Any:
         try:
             return parse(data)
-        except DecodeError as exc:
-            return Malformed(str(exc)[:200], len(data))
+        except Exception as exc:  # DecodeError (upb); UnicodeDecodeError too with protobuf's pure-Python parser
+            return Malformed(f"{type(exc).__name__}: {str(exc)[:200]}", len(data))
 
     return deserialize
 

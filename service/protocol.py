@@ -64,11 +64,6 @@ MAX_HEADER_FIELDS = 100
 #: "GET /healthz" requests was 7,700 queued requests, about 23 MB, and 100 such clients took 2.3 GB.
 MAX_PIPELINED = 32
 
-#: Framing a chunked body's chunk may bring beside its data without counting against ``max_header_bytes``: its
-#: size in hex, two line ends and a short extension (a client sending one-byte chunks sends ~6 bytes of framing
-#: per byte of body; a trailer or an extension longer than this is held to ``max_header_bytes``).
-CHUNK_FRAMING_BYTES = 64
-
 
 class _Overrun(Exception):
     """Raised in a parser callback to stop parsing this read: uvicorn hands it to send_400_response, which
@@ -417,11 +412,14 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._sink: BodySink | None = None
         self._direct: _DirectBody | None = None
         self._header_fields = 0
-        # A chunked body's framing (chunk sizes, extensions, trailers) is bounded like headers: the parser keeps
-        # an unfinished trailer line whole (and grows it a read at a time, each copy longer), so bytes of a
-        # message's body phase beyond its body bytes may not pass max_header_bytes plus a little per chunk.
-        self._body_phase_bytes = 0
-        self._chunks = 0
+        # A chunked body's framing (a chunk's size line, its extensions, the trailers) is bounded like headers:
+        # the parser keeps an unfinished trailer line whole and grows it a read at a time, each copy longer.
+        # Counted over the reads in which the parser reports no progress (no chunk begun or ended, no message
+        # begun or ended): the bytes of such a read that are not body are framing, and may not pass
+        # max_header_bytes in a row. (A read with progress starts the count afresh: at most one read's worth,
+        # up to 256 KiB, of framing around each chunk goes uncounted.)
+        self._framing_run = 0
+        self._parser_events = 0
         self._overrun: tuple[int, str, str] | None = None  # the refusal a parser callback stopped parsing for
         self._served = False  # admitted by the gate (connection_made ran)
         self.logger = _ConnectionLog(self.logger, self)  # type: ignore[assignment]
@@ -458,16 +456,18 @@ class _BoundedProtocol(HttpToolsProtocol):
             self._header_tail = (self._header_tail + data[-3:])[-3:]
             super().data_received(data)
             return
+        body_before, events_before = self._body_bytes, self._parser_events
         super().data_received(data)
-        if self._message_open and not self._in_headers:  # still this request's body (or its trailers)
-            self._body_phase_bytes += len(data)
-            framing = self._body_phase_bytes - self._body_bytes
-            if framing > self.max_header_bytes + CHUNK_FRAMING_BYTES * self._chunks and not self.transport.is_closing():
+        if self._parser_events != events_before:
+            self._framing_run = 0
+        elif self._message_open and not self._in_headers:  # this request's body (or its trailers), no progress
+            self._framing_run += len(data) - (self._body_bytes - body_before)
+            if self._framing_run > self.max_header_bytes and not self.transport.is_closing():
                 self._refuse(
                     431,
                     "headers_too_large",
-                    f"the chunked body's framing (chunk sizes, extensions, trailers) exceeds {self.max_header_bytes} "
-                    f"bytes beyond {CHUNK_FRAMING_BYTES} per chunk",
+                    f"a chunked body's framing (a chunk's size line and extensions, or its trailers) exceeds "
+                    f"{self.max_header_bytes} bytes",
                 )
         # Requests pipelined after another in one read are not counted from where they start (the parser
         # does not say where that is): their headers are bounded from their next read on, so a read's
@@ -521,8 +521,7 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._cancel_deadline()
         self._started = self.loop.time()
         self._body_bytes = 0
-        self._body_phase_bytes = 0
-        self._chunks = 0
+        self._parser_events += 1
         self._deadline = self.loop.call_later(self.read_timeout_s + _APP_GRACE_S, self._read_timed_out)
         self.scope[READ_STARTED] = self._started  # type: ignore[literal-required]
 
@@ -547,7 +546,10 @@ class _BoundedProtocol(HttpToolsProtocol):
             self.scope[BODY_SINK] = self._sink  # type: ignore[literal-required]
 
     def on_chunk_header(self) -> None:
-        self._chunks += 1
+        self._parser_events += 1
+
+    def on_chunk_complete(self) -> None:
+        self._parser_events += 1
 
     def on_body(self, body: bytes) -> None:
         self._body_bytes += len(body)
@@ -558,6 +560,7 @@ class _BoundedProtocol(HttpToolsProtocol):
         super().on_body(body)
 
     def on_message_complete(self) -> None:
+        self._parser_events += 1
         self._cancel_deadline()
         self._in_headers = True
         self._header_bytes = 0

@@ -140,10 +140,11 @@ def system_direct(A: Any, B: Any) -> tuple[np.ndarray, np.ndarray] | None:
             return None
     except (ValueError, RuntimeError):  # LU_CORE_LAPACK refused (where the solve rule asks the LAPACK): the general
         return None  # path says so; otherwise getrf_alone's lapack() raises the very error the general path would
+    fused = _backend._factor_by_kernel(n, dt)
+    if fused and not (A.flags.c_contiguous and B.flags.c_contiguous):
+        return None
     w = np.empty((*out_batch, n, nrhs), dtype=dt)  # X as the general path allocates it (a vector: a view of its column)
-    if _backend._factor_by_kernel(n, dt):
-        if not (A.flags.c_contiguous and B.flags.c_contiguous):
-            return None
+    if fused:
         # (the reshapes only where a dimension is to go: a few hundred nanoseconds each, of a ~5 us call)
         a = A.reshape(n, n) if batch else A
         b = B if len(bshape) == 2 and not vector else B.reshape(n, nrhs)

@@ -111,6 +111,7 @@ def test_singular_empty_and_non_finite(rng):
         ((np.eye(3), np.ones(3, np.int32), "big"), {}, lu_core.DTypeError, "anorm"),
         ((np.eye(3), np.ones(3, np.int32), 2**2000), {}, lu_core.InvalidInputError, "anorm"),  # was OverflowError
         ((np.eye(3), np.ones(3, np.int32), -(2**2000)), {}, lu_core.InvalidInputError, "anorm"),
+        ((np.eye(3), np.ones(3, np.int32), 10**5000), {}, lu_core.InvalidInputError, "anorm"),  # past repr's digits
     ],
 )
 def test_bad_arguments(args, kwargs, error, argument):

@@ -222,6 +222,7 @@ def test_non_finite_input_falls_back_and_propagates(rng):
         (np.eye(3), np.ones(3), {"max_iter": 10**30}, lu_core.InvalidInputError, "max_iter"),
         (np.eye(3), np.ones(3), {"max_iter": True}, lu_core.InvalidInputError, "max_iter"),
         (np.eye(3), np.ones(3), {"max_iter": "3"}, lu_core.InvalidInputError, "max_iter"),
+        (np.eye(3), np.ones(3), {"max_iter": 10**5000}, lu_core.InvalidInputError, "max_iter"),  # past repr's digits
     ],
 )
 def test_bad_arguments(A, B, kwargs, error, argument):

@@ -314,6 +314,10 @@ def test_the_codec_never_builds_a_text_array():
         tracemalloc.reset_peak()
         arr = _numbers("A", [[0.5] * 100 for _ in range(300)] + [["NaN", "Infinity", "-Infinity"] + [1] * 97])
         assert tracemalloc.get_traced_memory()[1] < 2 << 20  # a text array: 30100 x 32 x 4 = 3.9 MB beside
+        tracemalloc.reset_peak()
+        with pytest.raises(ServiceError, match="is not a number"):  # a string where lists are: not taken apart
+            _numbers("A", [[[[0]]], "\u0100" * 1_000_000])  # (characters past Latin-1: a new str each, ~76 bytes)
+        assert tracemalloc.get_traced_memory()[1] < 8 << 20  # 86 MB with the first check of the sums
     finally:
         tracemalloc.stop()
     assert arr.dtype == np.float64 and arr.shape == (301, 100) and np.isnan(arr[300, 0]) and arr[300, 2] == -np.inf

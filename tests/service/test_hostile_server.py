@@ -286,9 +286,50 @@ def test_an_endless_trailer_gets_431_at_the_header_bound(server):
     assert time.monotonic() - start < READ_TIMEOUT_S
 
 
+def test_a_trailer_after_many_tiny_chunks_is_bounded_too(server):
+    """Framing is counted where the parser makes no progress, not against an allowance per chunk: a first
+    bound of 64 bytes per chunk let 300,000 one-byte chunks buy a 24 MB trailer (the review's finding)."""
+    sock = connect(server)
+    sock.sendall(_chunked_head("t-tiny") + b"1\r\n \r\n" * 300_000 + b"0\r\nx-a: ")
+    sent = 0
+    with contextlib.suppress(OSError):  # (what the socket buffers take is sent before the server refuses)
+        while sent < 24 << 20:
+            sock.sendall(b"b" * 65536)
+            sent += 65536
+    raw = read_until_closed(sock)
+    sock.close()
+    status, _, answer = parse_response(raw)
+    assert (status, answer["code"]) == (431, "headers_too_large") and sent < 12 << 20, (status, sent)
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_large_bodies_pipelined_in_one_send_are_all_answered(server, chunked):
+    """Two ~300 KB requests sent back to back: a read that ends one body and holds the next request's headers
+    and a part of its body is neither framing nor headers (the first framing bound took it for framing: a 431
+    for the second, and the first never answered; found by the review)."""
+    A = np.eye(250) * 2
+    body = json.dumps({"A": A.tolist(), "B": [1.0] * 250}).encode()
+    requests = []
+    for rid in ("one", "two"):
+        head = b"POST /solve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-ID: " + rid.encode()
+        if chunked:
+            framed = b"".join(
+                b"%x\r\n%s\r\n" % (len(body[i : i + 65536]), body[i : i + 65536]) for i in range(0, len(body), 65536)
+            )
+            requests.append(head + b"\r\nTransfer-Encoding: chunked\r\n\r\n" + framed + b"0\r\n\r\n")
+        else:
+            requests.append(head + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    requests[-1] = requests[-1].replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n", 1)
+    sock = connect(server)
+    sock.sendall(b"".join(requests))
+    raw = read_until_closed(sock)
+    sock.close()
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", raw) == [b"200", b"200"], raw[:300]
+
+
 def test_a_body_in_one_byte_chunks_with_a_trailer_is_served(server):
     """The framing bound leaves room for honest clients: ~5 KB of JSON in one-byte chunks (six bytes of framing
-    each, ~28 KB in all, past the 8 KiB header bound) and a short trailer are answered."""
+    each, ~28 KB in all, past the 8 KiB header bound: each chunk is progress) and a short trailer are answered."""
     A = np.eye(30) * 2
     body = json.dumps({"A": A.tolist(), "B": [1.0] * 30}).encode()
     assert 6 * len(body) > 8192
