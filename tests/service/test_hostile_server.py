@@ -264,23 +264,31 @@ def _chunked_head(request_id: str) -> bytes:
     )
 
 
+def _send_a_trailer(server: Server, request_id: bytes, chunks: bytes, limit: int) -> tuple[int, int, dict]:
+    """A chunked request of ``chunks``, then the last chunk and a trailer line sent on and on, up to ``limit``
+    bytes of it or until the server closes: ``(bytes of trailer sent, status, answer)``. (What the socket
+    buffers take counts as sent before the server refuses.)"""
+    sock = connect(server)
+    sock.sendall(_chunked_head(request_id.decode()) + chunks + b"0\r\nx-a: ")
+    sent = 0
+    with contextlib.suppress(OSError):  # the server closes while we still send
+        while sent < limit:
+            sock.sendall(b"b" * 65536)
+            sent += 65536
+    raw = read_until_closed(sock)
+    sock.close()
+    status, _, answer = parse_response(raw)
+    return sent, status, answer
+
+
 def test_an_endless_trailer_gets_431_at_the_header_bound(server):
     """A chunked body's trailer line that never ends: the parser kept it whole, growing it a read at a time
     (147 MiB of one trailer held, ordinary requests stalled for seconds; found by a helper's audit). Now the
     body's framing is bounded like headers: 431 once it passes LU_MAX_HEADER_BYTES (8 KiB here), long before
     the read deadline."""
     body = b'{"A": [[2.0]], "B": [4.0]}'
-    sock = connect(server)
     start = time.monotonic()
-    sock.sendall(_chunked_head("t-trailer") + b"%x\r\n%s\r\n0\r\nx-a: " % (len(body), body))
-    sent = 0
-    with contextlib.suppress(OSError):  # the server closes while we still send
-        while sent < 8 << 20:
-            sock.sendall(b"b" * 65536)
-            sent += 65536
-    raw = read_until_closed(sock)
-    sock.close()
-    status, _, answer = parse_response(raw)
+    sent, status, answer = _send_a_trailer(server, b"t-trailer", b"%x\r\n%s\r\n" % (len(body), body), 8 << 20)
     assert (status, answer["code"], answer["request_id"]) == (431, "headers_too_large", "t-trailer")
     assert "trailers" in answer["error"] and sent < 8 << 20
     assert time.monotonic() - start < READ_TIMEOUT_S
@@ -289,16 +297,7 @@ def test_an_endless_trailer_gets_431_at_the_header_bound(server):
 def test_a_trailer_after_many_tiny_chunks_is_bounded_too(server):
     """Framing is counted where the parser makes no progress, not against an allowance per chunk: a first
     bound of 64 bytes per chunk let 300,000 one-byte chunks buy a 24 MB trailer (the review's finding)."""
-    sock = connect(server)
-    sock.sendall(_chunked_head("t-tiny") + b"1\r\n \r\n" * 300_000 + b"0\r\nx-a: ")
-    sent = 0
-    with contextlib.suppress(OSError):  # (what the socket buffers take is sent before the server refuses)
-        while sent < 24 << 20:
-            sock.sendall(b"b" * 65536)
-            sent += 65536
-    raw = read_until_closed(sock)
-    sock.close()
-    status, _, answer = parse_response(raw)
+    sent, status, answer = _send_a_trailer(server, b"t-tiny", b"1\r\n \r\n" * 300_000, 24 << 20)
     assert (status, answer["code"]) == (431, "headers_too_large") and sent < 12 << 20, (status, sent)
 
 
