@@ -589,7 +589,7 @@ def gesv_one(a, b, x):
     s = np.empty((1, n, n), a.dtype)
     piv = np.empty((1, n), np.int32)
     info = np.zeros(1, np.int32)
-    first = np.zeros(1, np.intp)  # problem 0 uses factorization 0 (a global array would be unpickled every call)
+    first = np.zeros(1, np.intp)  # problem 0 uses factorization 0
     x[:, :] = b
     _gesv_serial(a.reshape(1, n, n), True, s, piv, info, first, x.reshape(1, n, x.shape[1]), 0)
     return info
