@@ -455,6 +455,9 @@ class _BoundedProtocol(HttpToolsProtocol):
                 return
             self._header_tail = (self._header_tail + data[-3:])[-3:]
             super().data_received(data)
+            # Requests pipelined after another in one read are not counted from where they start (the parser
+            # does not say where that is): their headers are bounded from their next read on, so a read's
+            # worth (uvloop's up to 256 KiB) may go over. A request's own first headers are counted exactly.
             return
         body_before, events_before = self._body_bytes, self._parser_events
         super().data_received(data)
@@ -469,9 +472,6 @@ class _BoundedProtocol(HttpToolsProtocol):
                     f"a chunked body's framing (a chunk's size line and extensions, or its trailers) exceeds "
                     f"{self.max_header_bytes} bytes",
                 )
-        # Requests pipelined after another in one read are not counted from where they start (the parser
-        # does not say where that is): their headers are bounded from their next read on, so a read's
-        # worth (uvloop's up to 256 KiB) may go over. A request's own first headers are counted exactly.
 
     def _headers_end_within(self, data: bytes, allowed: int) -> bool:
         """Whether the blank line that ends the headers lies within the first ``allowed`` bytes of
