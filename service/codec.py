@@ -466,22 +466,18 @@ def _plain(arr: np.ndarray, flat: bool) -> Any:
         arr = arr.reshape(-1)
     arr = np.asarray(arr, dtype=arr.dtype.newbyteorder("="), order="C")  # (ascontiguousarray makes 0-d 1-d)
     if arr.ndim == 0:
-        return _spelled(arr).item() if arr.dtype.kind == "f" else arr.item()
+        value = arr.item()
+        if isinstance(value, float) and not math.isfinite(value):
+            return _SPELLED[0 if value != value else 1 if value > 0 else 2]
+        return value
     if complex_ or (arr.dtype.kind == "f" and not np.isfinite(arr).all()):
         return orjson.Fragment(_array_json(arr))
     return arr
 
 
-def _spelled(arr: np.ndarray) -> np.ndarray:
-    """``arr`` as an object array, its non-finite values spelled as JSON has them (strings)."""
-    obj = arr.astype(object)
-    obj[np.isnan(arr)] = "NaN"
-    obj[np.isposinf(arr)] = "Infinity"
-    obj[np.isneginf(arr)] = "-Infinity"
-    return obj
-
-
-_SPELLINGS = np.array([b'"NaN"', b'"Infinity"', b'"-Infinity"'], dtype=object)
+# The non-finite values as JSON spells them, in the order NaN, +inf, -inf (the decoder's own table).
+_SPELLED = tuple(_NONFINITE_IN)
+_SPELLINGS = np.array([f'"{s}"'.encode() for s in _SPELLED], dtype=object)
 
 #: Elements orjson writes at once where :func:`_array_json` cuts an array into blocks.
 _JSON_BLOCK = 1 << 13
