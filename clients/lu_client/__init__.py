@@ -15,6 +15,7 @@ from lu_client._base import DEFAULT_TIMEOUT, RetryPolicy
 from lu_client._client import LUClient
 from lu_client._errors import (
     APIConnectionError,
+    APIResponseValidationError,
     APIStatusError,
     APITimeoutError,
     AuthenticationError,
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_TIMEOUT",
     "APIConnectionError",
+    "APIResponseValidationError",
     "APIStatusError",
     "APITimeoutError",
     "AsyncLUClient",

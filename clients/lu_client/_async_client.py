@@ -9,7 +9,16 @@ from typing import Any
 import httpx
 import numpy as np
 
-from lu_client._base import BaseClient, BodyBuffer, Call, _refined_inputs, _refined_outputs, vector_rhs
+from lu_client._base import (
+    BaseClient,
+    BodyBuffer,
+    Call,
+    _refined_inputs,
+    _refined_outputs,
+    listed,
+    stored_name,
+    vector_rhs,
+)
 from lu_client._codec import to_numpy
 from lu_client._errors import APIConnectionError, APIStatusError, APITimeoutError
 from lu_client._factorization import AsyncRemoteFactorization
@@ -29,6 +38,8 @@ class AsyncLUClient(BaseClient):
         max_concurrency: int = 4,
         **kwargs: Any,
     ) -> None:
+        if type(max_concurrency) is not int or max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be an integer >= 1, not {max_concurrency!r}")
         super().__init__(base_url, **kwargs)
         self._http = http_client or httpx.AsyncClient()
         self.max_concurrency = max_concurrency
@@ -97,7 +108,7 @@ class AsyncLUClient(BaseClient):
     ) -> AsyncRemoteFactorization:
         """Factor ``A`` on the server and keep it there (see :meth:`LUClient.factorize`)."""
         metadata = await self._send(self._put_call(name, A, pivot, timeout))
-        return AsyncRemoteFactorization(self, metadata["name"], metadata)
+        return AsyncRemoteFactorization(self, stored_name(metadata), metadata)
 
     async def factorization(self, name: str, *, timeout: Any = None) -> AsyncRemoteFactorization:
         return AsyncRemoteFactorization(self, name, await self.factorization_metadata(name, timeout=timeout))
@@ -106,7 +117,7 @@ class AsyncLUClient(BaseClient):
         return await self._send(self._bodyless_call("GET", name, "json", timeout))
 
     async def list_factorizations(self, *, timeout: Any = None) -> list[dict[str, Any]]:
-        return (await self._send(self._bodyless_call("GET", None, "json", timeout)))["factorizations"]
+        return listed(await self._send(self._bodyless_call("GET", None, "json", timeout)))
 
     async def solve_factorization(
         self,
@@ -193,13 +204,24 @@ class AsyncLUClient(BaseClient):
                 self.on_progress(done, len(pieces))
             return answer
 
-        return stitch(list(await asyncio.gather(*(one(p.tensors) for p in pieces))))
+        tasks = [asyncio.ensure_future(one(p.tensors)) for p in pieces]
+        try:
+            # The first failure ends the call (as in LUClient): the pieces not yet answered are cancelled.
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            for task in tasks:
+                task.cancel()  # a no-op for the pieces done; all of them, if this call itself was cancelled
+            await asyncio.gather(*tasks, return_exceptions=True)
+        failed = [task.exception() for task in tasks if not task.cancelled() and task.exception() is not None]
+        if failed:
+            raise failed[0]  # the first piece's, in order, of those that failed (not a cancelled one's)
+        return stitch([task.result() for task in tasks])
 
     async def _discover_limits(self) -> None:
         try:
             r = await self._http.get(f"{self.base_url}/v2", headers=self._headers, timeout=30)
             self._set_limits(r.json() if r.status_code == 200 else None)
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError, RecursionError):
             self._set_limits(None)
 
     async def _send(self, call: Call) -> Any:
@@ -216,7 +238,7 @@ class AsyncLUClient(BaseClient):
                 )
                 response = await self._http.send(request, stream=True)
                 try:
-                    content = await _read(response)
+                    content = await _read(response, call.max_answer)
                 finally:
                     await response.aclose()
             except httpx.TimeoutException as exc:
@@ -241,12 +263,9 @@ async def _async_chunks(call: Call) -> AsyncIterator[bytes | memoryview]:
         yield chunk
 
 
-async def _read(response: httpx.Response) -> bytes | bytearray:
-    body = BodyBuffer(response)
-    if body.ready is not None:
-        return body.ready
-    if not body.streamed:
-        return await response.aread()
-    async for chunk in response.aiter_raw():
-        body.feed(chunk)
+async def _read(response: httpx.Response, limit: int) -> memoryview:
+    body = BodyBuffer(response, limit)
+    if body.ready is None:
+        async for chunk in response.aiter_raw() if body.raw else response.aiter_bytes():
+            body.feed(chunk)
     return body.result()

@@ -16,9 +16,19 @@ from typing import Any
 import httpx
 import numpy as np
 
-from lu_client._codec import Encoded, decode_response, encode_binary, encode_json, from_json_tensor, to_numpy
-from lu_client._errors import APIStatusError, SingularMatrixError, status_error
-from lu_client._split import Limits
+from lu_client._codec import (
+    Answer,
+    Encoded,
+    Outputs,
+    decode_response,
+    encode_binary,
+    encode_json,
+    from_json_tensor,
+    loads,
+    to_numpy,
+)
+from lu_client._errors import APIResponseValidationError, APIStatusError, SingularMatrixError, status_error
+from lu_client._split import Limits, output_elements
 
 __all__ = ["DEFAULT_TIMEOUT", "BaseClient", "Call", "RetryPolicy"]
 
@@ -29,6 +39,16 @@ CHUNK = 1 << 20  # body chunks handed to httpx (it re-slices a buffer on each pa
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 DISCOVER_BYTES = 8 << 20  # look the server's limits up before the first request this big
 NAME_HEADER = "x-lu-factorization"  # every request about a stored factorization carries its name
+#: The most bytes an answer may have when the call cannot say what it needs (a stored factorization's
+#: solve or unpack, metadata), unless ``max_answer_bytes`` says otherwise. The body is read into memory.
+DEFAULT_MAX_ANSWER_BYTES = 4 << 30
+#: An operation's answer may hold, beyond its outputs' numbers, this many bytes (the binary framing's
+#: JSON header, the JSON form's names and shapes), and per number at most: raw bytes (complex128), or
+#: JSON text (a complex pair of 24-character numbers with its brackets and commas).
+ANSWER_SLACK = 1 << 20
+ANSWER_BYTES_PER_ELEMENT = {"binary": 16, "json": 64}
+#: Server limits below these are not believed (a split into one request per number helps no one).
+MIN_LIMITS = Limits(max_request_bytes=64 << 10, max_elements=1024)
 
 OPERATIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "lu_factor": (("A",), ("LU", "pivots", "info")),
@@ -96,18 +116,23 @@ class RetryPolicy:
             after = _retry_after(response.headers.get("retry-after"))
             if after is not None:
                 return min(after, self.max_retry_after)
-        capped = min(self.max_delay, self.initial_delay * 2**attempt)
+        capped = min(self.max_delay, self.initial_delay * 2.0 ** min(attempt, 64))
         return capped * (0.5 + random.random() / 2)  # jitter: between half and all of it
 
 
 def _retry_after(value: str | None) -> float | None:
+    """``Retry-After`` in seconds from now, or None where it is absent or neither seconds nor an HTTP date
+    (then the usual backoff applies)."""
     if not value:
         return None
     try:
-        return max(0.0, float(value))
+        seconds = float(value)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        return None if parsed is None else max(0.0, parsed.timestamp() - time.time())
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, OverflowError, IndexError):
+            return None
+    return max(0.0, seconds) if not math.isnan(seconds) else None
 
 
 @dataclass
@@ -120,6 +145,7 @@ class Call:
     method: str = "POST"
     answer: str = "tensors"  # "tensors", "json" (an object such as metadata) or "empty"
     extra_headers: dict[str, str] = field(default_factory=dict)
+    max_answer: int = DEFAULT_MAX_ANSWER_BYTES  # the most bytes its answer may have
 
     @property
     def headers(self) -> dict[str, str]:
@@ -151,12 +177,16 @@ class BaseClient:
         max_elements: int | None = None,
         retry_policy: RetryPolicy | None = None,
         on_progress: Callable[[int, int], None] | None = None,
+        max_answer_bytes: int | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.on_progress = on_progress  # called with (requests done, requests in all) when a batch is split
         self.binary = binary
         self.retry = retry_policy or RetryPolicy(max_retries=max_retries)
         self.timeout = check_timeout(timeout)
+        if max_answer_bytes is not None and (type(max_answer_bytes) is not int or max_answer_bytes < 1):
+            raise ValueError(f"max_answer_bytes must be a positive integer or None, not {max_answer_bytes!r}")
+        self.max_answer_bytes = max_answer_bytes
         self._headers = {"accept": "application/json, application/octet-stream", "user-agent": "lu-client/0.1"}
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
@@ -174,7 +204,20 @@ class BaseClient:
 
     def _call(self, op: str, tensors: Mapping[str, np.ndarray], options: Mapping[str, Any], timeout: Any) -> Call:
         encoded = encode_binary(tensors, options) if self.binary else encode_json(tensors, options)
-        return Call(f"/{op}", encoded, self._timeout(timeout))
+        call = Call(f"/{op}", encoded, self._timeout(timeout))
+        try:  # what this operation's answer can hold at most, from the shapes sent
+            elements = output_elements(op, tensors)
+        except ValueError:
+            elements = None  # shapes the server refuses: its error answer is small
+        per = ANSWER_BYTES_PER_ELEMENT["binary" if self.binary else "json"]
+        call.max_answer = self._answer_limit(ANSWER_SLACK + per * (elements or 0))
+        return call
+
+    def _answer_limit(self, need: int | None = None) -> int:
+        """The most bytes an answer may have: what the call ``need``s at most (else the default), and never
+        more than ``max_answer_bytes``."""
+        limit = DEFAULT_MAX_ANSWER_BYTES if need is None else need
+        return limit if self.max_answer_bytes is None else min(limit, self.max_answer_bytes)
 
     def _factorization_path(self, name: str, action: str = "") -> str:
         return f"/factorizations/{check_name(name)}{action}"  # the name's characters need no quoting
@@ -189,19 +232,24 @@ class BaseClient:
         tensors = {"A": to_numpy(A, "A")}
         options = {"pivot": pivot}
         encoded = encode_binary(tensors, options) if self.binary else encode_json(tensors, options)
-        return self._named(Call(self._factorization_path(name), encoded, self._timeout(timeout), "PUT", "json"), name)
+        call = Call(self._factorization_path(name), encoded, self._timeout(timeout), "PUT", "json")
+        call.max_answer = self._answer_limit()
+        return self._named(call, name)
 
     def _stored_call(
         self, name: str, action: str, tensors: Mapping[str, Any], options: Mapping[str, Any], timeout: Any
     ) -> Call:
         arrays = {k: to_numpy(v, k) for k, v in tensors.items()}
         encoded = encode_binary(arrays, options) if self.binary else encode_json(arrays, options)
-        return self._named(Call(self._factorization_path(name, action), encoded, self._timeout(timeout)), name)
+        call = Call(self._factorization_path(name, action), encoded, self._timeout(timeout))
+        call.max_answer = self._answer_limit()
+        return self._named(call, name)
 
     def _bodyless_call(self, method: str, name: str | None, answer: str, timeout: Any) -> Call:
-        if name is None:
-            return Call("/factorizations", None, self._timeout(timeout), method, answer)
-        return self._named(Call(self._factorization_path(name), None, self._timeout(timeout), method, answer), name)
+        path = "/factorizations" if name is None else self._factorization_path(name)
+        call = Call(path, None, self._timeout(timeout), method, answer)
+        call.max_answer = self._answer_limit()
+        return call if name is None else self._named(call, name)
 
     def _timeout(self, timeout: Any) -> Any:
         return self.timeout if timeout is None else check_timeout(timeout)
@@ -209,11 +257,17 @@ class BaseClient:
     def _needs_limits(self, tensors: Mapping[str, np.ndarray]) -> bool:
         return not self._limits_known and sum(a.nbytes for a in tensors.values()) > DISCOVER_BYTES
 
-    def _set_limits(self, metadata: dict[str, Any] | None) -> None:
+    def _set_limits(self, metadata: Any) -> None:
+        """The server's limits from its ``GET /v2`` answer; limits that are not integers at least
+        :data:`MIN_LIMITS` are not believed (no splitting then: the server's 413, if any, is the answer)."""
         self._limits_known = True
-        limits = (metadata or {}).get("limits")
-        if isinstance(limits, dict) and {"max_request_bytes", "max_elements"} <= set(limits):
-            self._limits = Limits(int(limits["max_request_bytes"]), int(limits["max_elements"]))
+        limits = metadata.get("limits") if isinstance(metadata, dict) else None
+        if not isinstance(limits, dict):
+            return
+        size, elements = limits.get("max_request_bytes"), limits.get("max_elements")
+        believed = type(size) is int and size >= MIN_LIMITS.max_request_bytes
+        if believed and type(elements) is int and elements >= MIN_LIMITS.max_elements:
+            self._limits = Limits(size, elements)
 
     # ------------------------------------------------------------------ answers
 
@@ -227,32 +281,44 @@ class BaseClient:
         return response.status_code in RETRY_STATUSES
 
     @staticmethod
-    def _error(response: httpx.Response, content: bytes | bytearray) -> APIStatusError:
+    def _error(response: httpx.Response, content: bytes | bytearray | memoryview) -> APIStatusError:
         try:
-            body = json.loads(content)
+            body = json.loads(bytes(content))
             if not isinstance(body, dict):
                 raise ValueError
-        except ValueError:
+        except (ValueError, RecursionError):
             text = bytes(content[:500]).decode("utf-8", "replace")
             body = {"error": text or response.reason_phrase, "code": f"http_{response.status_code}"}
         return status_error(response.status_code, body, response.headers.get("x-request-id"))
 
     @staticmethod
-    def _decode(response: httpx.Response, content: bytes | bytearray) -> dict[str, np.ndarray | None]:
+    def _decode(response: httpx.Response, content: bytes | bytearray | memoryview) -> Outputs:
         return decode_response(content, response.headers)
 
-    def _answer(self, call: Call, response: httpx.Response, content: bytes | bytearray) -> Any:
+    def _answer(self, call: Call, response: httpx.Response, content: bytes | bytearray | memoryview) -> Any:
+        """What a successful answer (2xx: 201 for a ``PUT``, 204 for a ``DELETE``) holds; a status below 400
+        that is not one (a redirect, say) is an :class:`APIResponseValidationError`."""
+        status = response.status_code
+        if not 200 <= status < 300:
+            where = response.headers.get("location")
+            to = f" to {where[:200]!r}" if where else ""
+            raise APIResponseValidationError(f"{call.path}: unexpected HTTP status {status}{to}")
         if call.answer == "tensors":
             return self._decode(response, content)
         if call.answer == "json":
-            return json.loads(content)
+            body = loads(content, "the answer")
+            if not isinstance(body, dict):
+                raise APIResponseValidationError(f"{call.path}: the answer is not a JSON object")
+            return Answer(body)
         return None
 
     @staticmethod
     def _raise_if_singular(info: np.ndarray, function: str) -> None:
+        if info.dtype.kind not in "iu":
+            raise APIResponseValidationError(f"{function}: info is {info.dtype}, not integers")
         bad = np.flatnonzero(info.reshape(-1))
         if bad.size:
-            indices = [list(np.unravel_index(i, info.shape)) for i in bad] if info.ndim else [[]]
+            indices = [[int(x) for x in np.unravel_index(i, info.shape)] for i in bad] if info.ndim else [[]]
             values = info.reshape(-1)[bad].tolist()
             raise SingularMatrixError(
                 422,
@@ -260,32 +326,64 @@ class BaseClient:
                 f"{function}: the matrix at batch index {tuple(indices[0])} is singular (U[{values[0] - 1}, "
                 f"{values[0] - 1}] is exactly zero); use lu_factor_ex to factor singular matrices",
                 None,
-                {"indices": [[int(x) for x in i] for i in indices], "info": values},
+                {"indices": indices, "info": values},
             )
 
 
 class BodyBuffer:
-    """An answer's body, filled chunk by chunk into one writable buffer of its declared length.
+    """An answer's body, filled chunk by chunk into one writable buffer, never past ``limit`` bytes.
 
-    Writable, so results decoded over it are writable arrays; one copy, no join.
+    Writable, so results decoded over it are writable arrays; one copy, no join. With a
+    ``Content-Length`` (and no content coding) the buffer has that length, allocated
+    untouched, so a length the server declares but does not send costs no memory; a length
+    over ``limit`` is refused before anything is read. Otherwise (chunked, or compressed:
+    ``raw`` is False, the decoded bytes are fed) the buffer grows as bytes arrive, and the
+    decoded bytes are counted against ``limit`` (a gzip bomb stops there).
     """
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, limit: int) -> None:
         declared = response.headers.get("content-length")
-        self.ready: bytes | bytearray | None = None
+        self.limit = limit
+        self.ready: memoryview | None = None
         if response.is_stream_consumed:  # a transport that answered with the body already read (mocks)
-            self.ready = bytearray(response.content)
-        self.streamed = self.ready is None and declared is not None and not response.headers.get("content-encoding")
-        self._buffer = bytearray(int(declared)) if self.streamed else bytearray()
+            self._check(len(response.content))
+            self.ready = memoryview(bytearray(response.content))
+        self.raw = (
+            self.ready is None
+            and declared is not None
+            and declared.isdigit()
+            and not response.headers.get("content-encoding")
+        )
+        self._buffer: memoryview | bytearray
+        if self.raw:
+            self._check(int(declared))  # type: ignore[arg-type]
+            self._buffer = memoryview(np.empty(int(declared), np.uint8))  # type: ignore[arg-type]
+        else:
+            self._buffer = bytearray()
         self._got = 0
+
+    def _check(self, nbytes: int) -> None:
+        if nbytes > self.limit:
+            raise APIResponseValidationError(
+                f"the answer has more than {self.limit} bytes, more than this call can need "
+                "(or than max_answer_bytes allows)"
+            )
 
     def feed(self, chunk: bytes) -> None:
         end = self._got + len(chunk)
-        self._buffer[self._got : end] = chunk
+        if isinstance(self._buffer, bytearray):
+            self._check(end)
+            self._buffer += chunk
+        elif end > len(self._buffer):
+            raise APIResponseValidationError(f"the answer is longer than its Content-Length {len(self._buffer)}")
+        else:
+            self._buffer[self._got : end] = chunk
         self._got = end
 
-    def result(self) -> bytes | bytearray:
-        return self._buffer if self._got == len(self._buffer) else bytes(self._buffer[: self._got])
+    def result(self) -> memoryview:
+        if self.ready is not None:
+            return self.ready
+        return memoryview(self._buffer)[: self._got]
 
 
 def new_name() -> str:
@@ -293,10 +391,26 @@ def new_name() -> str:
     return f"lu-{secrets.token_hex(12)}"
 
 
+def stored_name(metadata: Mapping[str, Any]) -> str:
+    """The name in a stored factorization's metadata, as the server answered it (checked)."""
+    name = metadata["name"]
+    if not isinstance(name, str) or NAME_PATTERN.fullmatch(name) is None:
+        raise APIResponseValidationError(f"the server's answer names the factorization {str(name)[:60]!r}")
+    return name
+
+
+def listed(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The factorizations of a listing answer (a list of metadata objects)."""
+    items = answer["factorizations"]
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        raise APIResponseValidationError("the server's listing of factorizations is not a list of objects")
+    return items
+
+
 def metadata_info(metadata: Mapping[str, Any]) -> np.ndarray | None:
     """The ``info`` tensor of a factorization's metadata."""
     info = metadata.get("info")
-    return None if info is None else from_json_tensor(info)
+    return None if info is None else from_json_tensor(info, "the factorization's info")
 
 
 def vector_rhs(A: np.ndarray, B: np.ndarray, left: bool) -> bool:
@@ -318,9 +432,6 @@ def _refined_inputs(A: Any, B: Any, left: bool) -> tuple[np.ndarray, np.ndarray,
     return a, (b[..., None] if vector else b), vector
 
 
-def _refined_outputs(out: Mapping[str, np.ndarray | None], vector: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _refined_outputs(out: Outputs, vector: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     X = out["X"]
-    assert X is not None
-    if vector:
-        X = X[..., 0]
-    return X, out["iterations"], out["backward_error"]  # type: ignore[return-value]
+    return (X[..., 0] if vector else X), out["iterations"], out["backward_error"]

@@ -9,7 +9,16 @@ from typing import Any
 import httpx
 import numpy as np
 
-from lu_client._base import BaseClient, BodyBuffer, Call, _refined_inputs, _refined_outputs, vector_rhs
+from lu_client._base import (
+    BaseClient,
+    BodyBuffer,
+    Call,
+    _refined_inputs,
+    _refined_outputs,
+    listed,
+    stored_name,
+    vector_rhs,
+)
 from lu_client._codec import to_numpy
 from lu_client._errors import APIConnectionError, APIStatusError, APITimeoutError
 from lu_client._factorization import RemoteFactorization
@@ -99,7 +108,7 @@ class LUClient(BaseClient):
         """
         call = self._put_call(name, A, pivot, timeout)
         metadata = self._send(call)
-        return RemoteFactorization(self, metadata["name"], metadata)
+        return RemoteFactorization(self, stored_name(metadata), metadata)
 
     def factorization(self, name: str, *, timeout: Any = None) -> RemoteFactorization:
         """A handle on a factorization stored earlier (raises :class:`FactorizationNotFoundError` if gone)."""
@@ -110,7 +119,7 @@ class LUClient(BaseClient):
 
     def list_factorizations(self, *, timeout: Any = None) -> list[dict[str, Any]]:
         """Metadata of this API key's stored factorizations, most recently used first."""
-        return self._send(self._bodyless_call("GET", None, "json", timeout))["factorizations"]
+        return listed(self._send(self._bodyless_call("GET", None, "json", timeout)))
 
     def solve_factorization(
         self,
@@ -198,7 +207,7 @@ class LUClient(BaseClient):
         try:
             r = self._http.get(f"{self.base_url}/v2", headers=self._headers, timeout=30)
             self._set_limits(r.json() if r.status_code == 200 else None)
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError, RecursionError):
             self._set_limits(None)
 
     def _send(self, call: Call) -> Any:
@@ -215,7 +224,7 @@ class LUClient(BaseClient):
                 )
                 response = self._http.send(request, stream=True)
                 try:
-                    content = _read(response)
+                    content = _read(response, call.max_answer)
                 finally:
                     response.close()
             except httpx.TimeoutException as exc:
@@ -235,12 +244,9 @@ class LUClient(BaseClient):
         raise error
 
 
-def _read(response: httpx.Response) -> bytes | bytearray:
-    body = BodyBuffer(response)
-    if body.ready is not None:
-        return body.ready
-    if not body.streamed:
-        return response.read()
-    for chunk in response.iter_raw():
-        body.feed(chunk)
+def _read(response: httpx.Response, limit: int) -> memoryview:
+    body = BodyBuffer(response, limit)
+    if body.ready is None:
+        for chunk in response.iter_raw() if body.raw else response.iter_bytes():
+            body.feed(chunk)
     return body.result()

@@ -16,7 +16,20 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DATATYPES", "Encoded", "decode_response", "encode_binary", "encode_json", "from_json_tensor", "to_numpy"]
+from lu_client._errors import APIResponseValidationError
+
+__all__ = [
+    "DATATYPES",
+    "Answer",
+    "Encoded",
+    "Outputs",
+    "decode_response",
+    "encode_binary",
+    "encode_json",
+    "from_json_tensor",
+    "loads",
+    "to_numpy",
+]
 
 HEADER_LENGTH = "inference-header-content-length"
 DATATYPES: dict[str, np.dtype] = {
@@ -36,6 +49,11 @@ DATATYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype("?"),
 }
 _NAME_OF = {dt.newbyteorder("="): name for name, dt in DATATYPES.items()}
+#: The dtypes a JSON answer may name (NumPy's names of the wire datatypes), and no other: ``np.dtype``
+#: of whatever the server says would take "S500000000" (a 1 GB allocation from a 130-byte answer).
+_JSON_DTYPES = {dt.name: dt.newbyteorder("=") for dt in DATATYPES.values()}
+#: NumPy's limit on an array's dimensions.
+MAX_DIMS = 64
 _NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -58,6 +76,26 @@ def to_numpy(value: Any, name: str) -> np.ndarray:
     if arr.dtype.kind not in "biufc":
         raise TypeError(f"{name}: cannot send an array of dtype {arr.dtype} (expected numbers)")
     return arr
+
+
+class Answer(dict):  # type: ignore[type-arg]
+    """A JSON object the server answered; a field the caller needs and the answer lacks is an
+    :class:`APIResponseValidationError`, not a ``KeyError``."""
+
+    def __missing__(self, name: str) -> Any:
+        raise _bad(f"it has no {name!r}")
+
+
+class Outputs(Answer):
+    """An answer's outputs by name. Indexing asks for an output that must be there: one the answer lacks,
+    or holds as null, is an :class:`APIResponseValidationError`; ``get`` gives ``None`` for both (the
+    outputs a call may leave out: ``lu_unpack``'s)."""
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        value = super().__getitem__(name)
+        if value is None:
+            raise _bad(f"its output {name!r} is null")
+        return value
 
 
 class Encoded:
@@ -115,6 +153,8 @@ def _plain(arr: np.ndarray) -> Any:
 
 
 def encode_json(tensors: Mapping[str, np.ndarray], options: Mapping[str, Any]) -> Encoded:
+    for arr in tensors.values():
+        datatype_of(arr)  # the same refusal as the binary framing's, for a dtype the server cannot take
     body: dict[str, Any] = {
         name: {"dtype": arr.dtype.newbyteorder("=").name, "shape": list(arr.shape), "data": _plain(arr)}
         for name, arr in tensors.items()
@@ -131,45 +171,128 @@ def _denan(value: Any) -> Any:
     return _NONFINITE.get(value, value) if isinstance(value, str) else value
 
 
-def _from_data(data: Any, dtype: np.dtype, shape: list[int]) -> np.ndarray:
+def _bad(what: str) -> APIResponseValidationError:
+    return APIResponseValidationError(f"the server's answer is malformed: {what}")
+
+
+def _shape(where: str, shape: Any) -> tuple[int, ...]:
+    """A declared shape: a list of non-negative integers (JSON's, not booleans), at most ``MAX_DIMS`` of them."""
+    if not isinstance(shape, list) or len(shape) > MAX_DIMS:
+        raise _bad(f"{where}: shape {_shown(shape)} is not a list of at most {MAX_DIMS} dimensions")
+    if not all(type(d) is int and d >= 0 for d in shape):
+        raise _bad(f"{where}: shape {_shown(shape)} holds something other than non-negative integers")
+    return tuple(shape)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _from_data(where: str, data: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """A JSON tensor's nested (or flat) ``data`` as an array of ``shape``; complex values come as pairs."""
+    real = np.dtype(np.float64) if dtype.kind == "c" else dtype
     try:
-        arr = np.array(data, dtype=np.float64 if dtype.kind == "c" else dtype)
-    except (ValueError, TypeError):
-        arr = np.array(_denan(data), dtype=np.float64 if dtype.kind == "c" else dtype)
+        try:
+            arr = np.array(data, dtype=real)
+        except (ValueError, TypeError):
+            arr = np.array(_denan(data), dtype=real)  # the non-finite spellings
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise _bad(f"{where}: data is not an array of {dtype.name} numbers ({type(exc).__name__})") from None
+    count = math.prod(shape)
+    if arr.size != count * (2 if dtype.kind == "c" else 1):
+        raise _bad(f"{where}: data holds {arr.size} numbers, not what shape {list(shape)} of {dtype.name} holds")
     if dtype.kind == "c":
-        out = np.empty(math.prod(shape), dtype)
-        pairs = arr.reshape(-1, 2) if arr.size else np.zeros((0, 2))
+        out = np.empty(count, dtype)
+        pairs = arr.reshape(-1, 2)
         out.real, out.imag = pairs[:, 0], pairs[:, 1]
         return out.reshape(shape)
     return arr.reshape(shape)
 
 
-def from_json_tensor(obj: Mapping[str, Any]) -> np.ndarray:
-    """A tensor in the JSON object form ``{"dtype", "shape", "data"}``."""
-    return _from_data(obj["data"], np.dtype(obj["dtype"]), obj["shape"])
+def from_json_tensor(obj: Any, where: str = "a tensor") -> np.ndarray:
+    """A tensor in the JSON object form ``{"dtype", "shape", "data"}`` (a wire dtype only: the server's
+    answer must not choose an object, string or subarray dtype for the client to allocate)."""
+    if not isinstance(obj, dict) or not {"dtype", "shape", "data"} <= obj.keys():
+        raise _bad(f"{where} is not an object with dtype, shape and data")
+    dtype = _JSON_DTYPES.get(obj["dtype"]) if isinstance(obj["dtype"], str) else None
+    if dtype is None:
+        raise _bad(f"{where}: dtype {_shown(obj['dtype'])} is not one of {sorted(_JSON_DTYPES)}")
+    return _from_data(where, obj["data"], dtype, _shape(where, obj["shape"]))
 
 
-def decode_response(content: bytes | bytearray, headers: Mapping[str, str]) -> dict[str, np.ndarray | None]:
-    """The outputs of a 200 answer, in either format, by name (``None`` for outputs not computed)."""
+def loads(content: bytes | bytearray | memoryview, what: str) -> Any:
+    try:
+        return json.loads(bytes(content))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise _bad(f"{what} is not JSON ({type(exc).__name__})") from None
+
+
+def _oip_dtype(where: str, datatype: Any) -> np.dtype:
+    dtype = DATATYPES.get(datatype) if isinstance(datatype, str) else None
+    if dtype is None:
+        raise _bad(f"{where}: datatype {_shown(datatype)} is not one of {sorted(DATATYPES)}")
+    return dtype
+
+
+def _oip_outputs(header: Any) -> list[dict[str, Any]]:
+    outputs = header.get("outputs") if isinstance(header, dict) else None
+    named = isinstance(outputs, list) and all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs)
+    if not named:
+        raise _bad("'outputs' is not a list of objects with a 'name'")
+    names = [o["name"] for o in outputs]
+    if len(set(names)) != len(names):
+        raise _bad(f"an output appears twice in {_shown(names)}")
+    return outputs
+
+
+def decode_response(content: bytes | bytearray | memoryview, headers: Mapping[str, str]) -> Outputs:
+    """The outputs of a 200 answer, in either format, by name (``None`` for outputs not computed).
+
+    Everything the server says is checked before it is used: an answer that is not what the
+    protocol allows, or whose header disagrees with its bytes, is an :class:`APIResponseValidationError`
+    (never wrong numbers, and no allocation larger than the answer's own bytes imply).
+    """
     length = headers.get(HEADER_LENGTH)
     if length is None:
-        body = json.loads(content)
-        if "outputs" in body:  # an OIP JSON answer (from /v2)
-            return {o["name"]: _from_data(o["data"], DATATYPES[o["datatype"]], o["shape"]) for o in body["outputs"]}
-        return {
-            k: None if v is None else _from_data(v["data"], np.dtype(v["dtype"]), v["shape"]) for k, v in body.items()
-        }
+        body = loads(content, "the answer")
+        if isinstance(body, dict) and "outputs" in body:  # an OIP JSON answer (from /v2)
+            out = Outputs()
+            for o in _oip_outputs(body):
+                name = o["name"]
+                dtype, shape = _oip_dtype(name, o.get("datatype")), _shape(name, o.get("shape"))
+                out[name] = _from_data(name, o.get("data"), dtype, shape)
+            return out
+        if not isinstance(body, dict):
+            raise _bad(f"the answer is a JSON {type(body).__name__}, not an object of tensors")
+        return Outputs((k, None if v is None else from_json_tensor(v, k)) for k, v in body.items())
+    size = len(content)
+    if not (length.isascii() and length.isdigit() and 0 < int(length) <= size):
+        raise _bad(f"Inference-Header-Content-Length {_shown(length)} is not a byte count within the {size}-byte body")
     hlen = int(length)
-    header = json.loads(bytes(content[:hlen]))
-    out: dict[str, np.ndarray | None] = {}
+    view = memoryview(content)
+    header = loads(view[:hlen], "the answer's header")
+    out = Outputs()
     offset = hlen
-    for o in header["outputs"]:
-        dtype = DATATYPES[o["datatype"]]
-        size = (o.get("parameters") or {}).get("binary_data_size")
-        if size is None:
-            out[o["name"]] = _from_data(o["data"], dtype, o["shape"])
+    for o in _oip_outputs(header):
+        name = o["name"]
+        dtype = _oip_dtype(name, o.get("datatype"))
+        shape = _shape(name, o.get("shape"))
+        params = o.get("parameters") or {}
+        nbytes = params.get("binary_data_size") if isinstance(params, dict) else None
+        if nbytes is None:
+            out[name] = _from_data(name, o.get("data"), dtype, shape)
             continue
-        count = math.prod(o["shape"])
-        out[o["name"]] = np.frombuffer(content, dtype=dtype, count=count, offset=offset).reshape(o["shape"])
-        offset += size
+        count = math.prod(shape)
+        if type(nbytes) is not int or nbytes != count * dtype.itemsize:
+            raise _bad(
+                f"{name}: binary_data_size {_shown(nbytes)} is not the {count * dtype.itemsize} bytes of shape "
+                f"{list(shape)}"
+            )
+        if offset + nbytes > size:
+            raise _bad(f"{name}: the body ends {offset + nbytes - size} bytes early")
+        out[name] = np.frombuffer(content, dtype=dtype, count=count, offset=offset).reshape(shape)
+        offset += nbytes
+    if offset != size:
+        raise _bad(f"{size - offset} bytes follow the last output")
     return out

@@ -6,6 +6,7 @@ from typing import Any
 
 __all__ = [
     "APIConnectionError",
+    "APIResponseValidationError",
     "APIStatusError",
     "APITimeoutError",
     "AuthenticationError",
@@ -33,6 +34,12 @@ class APIConnectionError(LUClientError):
 
 class APITimeoutError(APIConnectionError):
     """The request timed out (after the retries)."""
+
+
+class APIResponseValidationError(LUClientError):
+    """The server's answer could not be used: not what the protocol allows, a header that disagrees with
+    the bytes that follow it, an output missing, an unexpected status (a redirect), or more bytes than
+    the call can need (``max_answer_bytes``). Never retried: a proxy or server in the way is misbehaving."""
 
 
 class APIStatusError(LUClientError):
@@ -95,8 +102,13 @@ class SingularMatrixError(UnprocessableEntityError):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.indices = [tuple(i) for i in self.body.get("indices", [])]
-        self.info = list(self.body.get("info", []))
+        # Read leniently: a malformed field is empty, and the error is still this one.
+        indices, info = self.body.get("indices"), self.body.get("info")
+        well_formed = isinstance(indices, list) and all(
+            isinstance(i, list) and all(type(x) is int for x in i) for i in indices
+        )
+        self.indices = [tuple(i) for i in indices] if well_formed else []
+        self.info = list(info) if isinstance(info, list) and all(type(x) is int for x in info) else []
 
 
 class RateLimitError(APIStatusError):

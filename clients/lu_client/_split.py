@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Limits", "Piece", "split"]
+from lu_client._codec import Outputs
+
+__all__ = ["Limits", "Piece", "output_elements", "split"]
 
 Tensors = dict[str, np.ndarray]
 MATRIX_DIMS = {"A": 2, "LU": 2, "B": 2, "pivots": 1, "anorm": 0}  # trailing non-batch dims of each input
@@ -30,7 +32,7 @@ def _batch(name: str, arr: np.ndarray) -> tuple[int, ...]:
     return arr.shape[: arr.ndim - MATRIX_DIMS[name]]
 
 
-def _output_elements(op: str, tensors: Mapping[str, np.ndarray]) -> int:
+def output_elements(op: str, tensors: Mapping[str, np.ndarray]) -> int:
     """What the answer will hold, as the server estimates it before computing."""
     if op in ("lu_factor",):
         a = tensors["A"]
@@ -51,17 +53,17 @@ def _output_elements(op: str, tensors: Mapping[str, np.ndarray]) -> int:
 
 def split(
     op: str, tensors: Tensors, limits: Limits | None
-) -> tuple[list[Piece], Callable[[list[dict[str, np.ndarray | None]]], dict[str, np.ndarray | None]]] | None:
+) -> tuple[list[Piece], Callable[[list[Outputs]], Outputs]] | None:
     """Pieces that each fit the limits and a function that stitches their outputs; None if one request fits.
 
     Splits along a batch axis: all batch dimensions flattened when the inputs share
-    their batch shape, else the first broadcast axis longer than one (inputs that
-    broadcast along it go whole with every piece, as the server would read them).
+    their batch shape, else the longest axis of the broadcast batch (the first of equals;
+    inputs that broadcast along it go whole with every piece, as the server would read them).
     """
     if limits is None or any(a.ndim < MATRIX_DIMS[n] for n, a in tensors.items()):
         return None
     try:
-        out_elements = _output_elements(op, tensors)
+        out_elements = output_elements(op, tensors)
     except ValueError:
         return None  # shapes the server will reject anyway
     in_bytes = sum(a.nbytes for a in tensors.values())
@@ -85,15 +87,15 @@ def split(
     rank = max(len(b) for b in batches.values())
     padded = {n: a.reshape((1,) * (rank - len(batches[n])) + a.shape) for n, a in tensors.items()}
     out_batch = np.broadcast_shapes(*(p.shape[:rank] for p in padded.values()))
-    axis = next((i for i, d in enumerate(out_batch) if d > 1), None)
-    if axis is None:
+    axis = max(range(rank), key=lambda i: (out_batch[i], -i)) if rank else None
+    if axis is None or out_batch[axis] <= 1:
         return None
     return _pieces(padded, axis, out_batch[axis], need, lambda x: x)
 
 
 def _pieces(
     tensors: Tensors, axis: int, length: int, need: int, reshape: Callable[[np.ndarray], np.ndarray]
-) -> tuple[list[Piece], Callable[[list[dict[str, np.ndarray | None]]], dict[str, np.ndarray | None]]]:
+) -> tuple[list[Piece], Callable[[list[Outputs]], Outputs]]:
     step = max(1, math.ceil(length / need))
     pieces = []
     for start in range(0, length, step):
@@ -102,13 +104,13 @@ def _pieces(
             Piece({n: a[(slice(None),) * axis + (sl,)] if a.shape[axis] == length else a for n, a in tensors.items()})
         )
 
-    def stitch(answers: list[dict[str, np.ndarray | None]]) -> dict[str, np.ndarray | None]:
-        merged: dict[str, np.ndarray | None] = {}
+    def stitch(answers: list[Outputs]) -> Outputs:
+        merged = Outputs()
         for name, first in answers[0].items():
             if first is None:
                 merged[name] = None
             else:
-                merged[name] = reshape(np.concatenate([a[name] for a in answers], axis=axis))  # type: ignore[misc]
+                merged[name] = reshape(np.concatenate([a[name] for a in answers], axis=axis))
         return merged
 
     return pieces, stitch
