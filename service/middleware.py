@@ -99,6 +99,9 @@ class RequestMiddleware:
         flow = sink.cycle.flow if isinstance(sink, BodySink) else None  # the connection's, where it is known
 
         async def tagged_send(message: Message) -> None:
+            if flow is not None and sink.cycle.disconnected:
+                # uvicorn drops what is sent after the client left, silently: the request is a 499, not a 200.
+                raise ClientDisconnect()
             if message["type"] == "http.response.start":
                 state["status"] = message["status"]
                 state["started"] = True
@@ -136,7 +139,10 @@ class RequestMiddleware:
                 self.metrics.errors.labels("internal_error").inc()
                 if not state["started"]:
                     failure = ServiceError(500, "internal_error", "internal server error; see the server log")
-                    await error_response(failure)(scope, receive, tagged_send)
+                    try:
+                        await error_response(failure)(scope, receive, tagged_send)
+                    except ClientDisconnect:
+                        state["status"] = CLIENT_CLOSED
         finally:
             if reservation is not None:
                 reservation.release()

@@ -29,10 +29,11 @@ from service.errors import too_large
 from service.footprint import BODY_FACTOR, JSON_SLACK, answer_bytes, json_structure_bytes
 from service.middleware import reservation_of
 from service.operations import Operation
+from service.protocol import BODY_SINK, BodySink
 from service.request_options import earliest, take_control
 from service.transport import BodyResponse, offload, read_body, request_format
 
-__all__ = ["compute", "decode_native", "encode_native", "serve_native", "serve_v2"]
+__all__ = ["compute", "connection_of", "decode_native", "encode_native", "serve_native", "serve_v2"]
 
 
 def _itemsize(tensors: Mapping[str, Any]) -> int:
@@ -50,6 +51,7 @@ async def compute(
     tensors: Mapping[str, Any] | None = None,
     job: tuple[str, Compute] | None = None,
     answer: bool = True,
+    connection: BodySink | None = None,
 ) -> dict[str, Any]:
     """Check a decoded request, reserve its answer's memory, run it on the worker (every protocol's requests
     end here).
@@ -59,7 +61,8 @@ async def compute(
     elsewhere). ``deadline`` (``time.monotonic()``) comes from the transport (a gRPC
     deadline); Triton's ``timeout`` option may set an earlier one. ``tensors`` are what
     ``op`` sees when they are more than the body's (a stored factorization's LU and
-    pivots); ``job`` replaces ``op``'s name and compute function.
+    pivots); ``job`` replaces ``op``'s name and compute function. ``connection``: the HTTP request's
+    (:func:`connection_of`): a client that leaves fails its job at once (:meth:`DeviceWorker.submit`).
     """
     control = take_control(decoded.options)
     seen = decoded.tensors if tensors is None else tensors
@@ -79,7 +82,15 @@ async def compute(
         options,
         reservation=reservation,
         deadline=earliest(control.deadline, deadline),
+        connection=connection,
     )
+
+
+def connection_of(request: Request) -> BodySink | None:
+    """The request's connection where :mod:`service.protocol` serves it (else None: no early notice of a
+    client that left)."""
+    sink = request.scope.get(BODY_SINK)
+    return sink if isinstance(sink, BodySink) else None
 
 
 def _out_bytes(outputs: dict[str, Any]) -> int:
@@ -142,12 +153,16 @@ async def encode_native(outputs: dict[str, Any], binary: bool) -> BodyResponse:
 
 async def serve_native(request: Request, op: Operation) -> BodyResponse:
     decoded = await decode_native(request, op.inputs)
-    outputs = await compute(request.app.state, op, decoded, reservation=reservation_of(request.scope))
+    outputs = await compute(
+        request.app.state, op, decoded, reservation=reservation_of(request.scope), connection=connection_of(request)
+    )
     return await encode_native(outputs, decoded.binary)
 
 
 async def serve_v2(request: Request, op: Operation, version: str) -> BodyResponse:
     decoded = await _decode(request, decode_v2_json)
     check_outputs_known(decoded, op.outputs)
-    outputs = await compute(request.app.state, op, decoded, reservation=reservation_of(request.scope))
+    outputs = await compute(
+        request.app.state, op, decoded, reservation=reservation_of(request.scope), connection=connection_of(request)
+    )
     return await _encode(outputs, encode_v2, op.name, decoded, outputs, version)

@@ -132,6 +132,7 @@ class BodySink:
         self.overflow = False
         self._view: memoryview | None = None
         self._event: asyncio.Event | None = None
+        self._on_lost: Callable[[], None] | None = None
 
     @property
     def active(self) -> bool:
@@ -198,6 +199,27 @@ class BodySink:
         """The part of the buffer the body's remaining bytes go to (the socket reads into it directly)."""
         assert self._view is not None
         return self._view[self.received :]
+
+    def on_lost(self, callback: Callable[[], None] | None) -> None:
+        """Call ``callback`` (on the loop, once) if the connection is lost while it is set, at once if it is
+        lost already; ``None`` unsets it. The app learns so that its client has gone while it waits for
+        something other than the body (a job on the worker), which ``receive()`` would only say when read."""
+        protocol = self.protocol
+        if protocol is None:
+            return
+        self._on_lost = callback
+        if callback is None:
+            protocol.watching.discard(self)
+        elif protocol.lost:
+            self.lost()
+        else:
+            protocol.watching.add(self)
+
+    def lost(self) -> None:
+        """The connection is lost: the callback, if one is set, is called (and unset)."""
+        callback, self._on_lost = self._on_lost, None
+        if callback is not None:
+            callback()
 
     def close(self) -> None:
         """Stop writing into the buffer (the app no longer reads, or has let the buffer go)."""
@@ -422,6 +444,8 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._parser_events = 0
         self._overrun: tuple[int, str, str] | None = None  # the refusal a parser callback stopped parsing for
         self._served = False  # admitted by the gate (connection_made ran)
+        self.lost = False  # connection_lost ran
+        self.watching: set[BodySink] = set()  # requests that want to know if the connection is lost
         self.logger = _ConnectionLog(self.logger, self)  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ connection
@@ -441,8 +465,12 @@ class _BoundedProtocol(HttpToolsProtocol):
             self.gate.release()
         self._cancel_deadline()
         super().connection_lost(exc)
+        self.lost = True
         if self._sink is not None:
             self._sink.wake()
+        watching, self.watching = self.watching, set()
+        for sink in watching:  # requests waiting for their answer (BodySink.on_lost)
+            sink.lost()
 
     def data_received(self, data: bytes) -> None:
         if self._deferred_refusal is not None:

@@ -47,12 +47,14 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
+from starlette.requests import ClientDisconnect
 
 from service.batcher import MERGEABLE, gather, launch_merged, signature
 from service.budget import Reservation
 from service.device import Compute, Device
 from service.errors import ServiceError, deadline_exceeded, unavailable
 from service.metrics import Metrics
+from service.protocol import BodySink
 
 __all__ = ["DeviceWorker"]
 
@@ -111,7 +113,7 @@ def _stack_size(nbytes: int) -> Iterator[None]:
 
 
 def _is_live_job(item: Any) -> bool:
-    return isinstance(item, _Job) and not item.future.cancelled()
+    return isinstance(item, _Job) and not item.future.done()
 
 
 def _is_barrier(item: Any) -> bool:
@@ -217,7 +219,11 @@ class DeviceWorker:
         *,
         reservation: Reservation | None = None,
         deadline: float | None = None,
+        connection: BodySink | None = None,
     ) -> dict[str, Any]:
+        """Queue a job and wait for its answer. ``connection``: the HTTP request's (where
+        :mod:`service.protocol` serves it): should the client leave while the job waits, the job fails
+        with ``ClientDisconnect`` at once (a 499), and the worker skips it if it has not started."""
         if not self._accepting:
             raise unavailable("shutting_down", "the service is not accepting work", self._retry_after_s)
         if self.depth >= self._max_queue:
@@ -256,7 +262,14 @@ class DeviceWorker:
             # goes on with its pass (and the queue bound sees the worker drain it).
             self._flush(loop)
         self._metrics.queue_depth.set(self.depth)
-        return await job.future
+        if connection is None:
+            return await job.future
+        future = job.future
+        connection.on_lost(lambda: future.done() or future.set_exception(ClientDisconnect()))
+        try:
+            return await future
+        finally:
+            connection.on_lost(None)
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         outbox = self._outboxes.pop(loop, None)
@@ -372,7 +385,7 @@ class DeviceWorker:
         their inputs, land the job in flight meanwhile, then compute. The new job is returned to be
         landed later, or None when nothing is left to collect (failures are answered in ``settled``)."""
         start, landed_before = time.perf_counter(), self._landing_s[0]
-        jobs = [job for job in jobs if not job.future.cancelled()]  # clients that left while queued
+        jobs = [job for job in jobs if not job.future.done()]  # clients that left while queued
         if not jobs:
             return None
         self._metrics.queue_wait.observe_many([start - job.queued_at for job in jobs])
@@ -519,7 +532,7 @@ class DeviceWorker:
         return True
 
     def _compute(self, job: _Job, settled: list[tuple[_Job, bool, Any]], *, waited: bool = False) -> None:
-        if job.future.cancelled():  # the client left while the job waited
+        if job.future.done():  # the client left while the job waited (cancelled, or failed by on_lost)
             return
         start = time.perf_counter()
         if not waited:

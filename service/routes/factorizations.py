@@ -30,7 +30,7 @@ from service.errors import invalid
 from service.metrics import Metrics
 from service.middleware import reservation_of
 from service.operations import OPERATIONS, Operation
-from service.pipeline import compute, decode_native, encode_native
+from service.pipeline import compute, connection_of, decode_native, encode_native
 from service.schemas import native_openapi
 from service.store import Entry, FactorizationStore, Pin, check_name, namespace_of, unknown_factorization
 
@@ -253,6 +253,7 @@ async def put_factorization(request: Request, name: str) -> Response:
             reservation=reservation_of(request.scope),
             job=("factorization_put", _factor_kept()),
             answer=False,
+            connection=connection_of(request),
         )
         LU, pivots = out["factors"].value
         entry = Entry(
@@ -311,7 +312,13 @@ async def _serve_pinned(
         tensors = {"LU": entry.LU, "pivots": entry.pivots, **decoded.tensors}
         job = (f"factorization_{op.name}", _with_pin(pin, op.compute))
         out = await compute(
-            request.app.state, op, decoded, reservation=reservation_of(request.scope), tensors=tensors, job=job
+            request.app.state,
+            op,
+            decoded,
+            reservation=reservation_of(request.scope),
+            tensors=tensors,
+            job=job,
+            connection=connection_of(request),
         )
     finally:
         pin.abandon()

@@ -797,3 +797,62 @@ def test_an_answer_the_client_does_not_read_stays_reserved_until_the_write_deadl
     assert metric_value(metrics, "lu_inflight_bytes") == metric_value(metrics, "lu_body_pool_held_bytes")
     assert 'method="GET",status="499"' in metrics  # the request cut off: the client went away
     assert not any("ASGI callable returned without completing response" in line for line in server.log)
+
+
+def _raw_post(path: str, tensors: dict[str, np.ndarray]) -> bytes:
+    body, headers = binary_request(tensors)
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+    return (head + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode() + body
+
+
+def _metric(text: str, pattern: str) -> float:
+    match = re.search(pattern, text, re.M)
+    return float(match[1]) if match else 0.0
+
+
+def test_jobs_of_clients_that_left_are_not_computed_and_count_499(memory_server):
+    """Clients that send a request and hang up while the worker is busy with another: their jobs fail at
+    once (the requests end as 499s, not 200s whose answers uvicorn silently drops), and the worker
+    skips them rather than computing answers nobody reads."""
+    url, before_log = memory_server.url, len(memory_server.log)
+    gone = 'lu_requests_total{device="cpu",endpoint="/slogdet",method="POST",status="(\\d+)"} (\\S+)'
+    computed = r'^lu_compute_seconds_count\{device="cpu",operation="slogdet"\} (\S+)'
+
+    def counts() -> tuple[dict[str, float], float]:
+        text = httpx.get(f"{url}/metrics").text
+        return {status: float(n) for status, n in re.findall(gone, text)}, _metric(text, computed)
+
+    statuses0, computed0 = counts()
+    holder = connect(memory_server)  # a job that keeps the worker busy for a while (2 det of 2000 x 2000)
+    holder.sendall(_raw_post("/det", {"A": np.random.default_rng(0).standard_normal((2, 2000, 2000))}))
+    time.sleep(0.3)  # its body has arrived and its job runs
+    for _ in range(6):
+        sock = connect(memory_server)
+        sock.sendall(_raw_post("/slogdet", {"A": np.eye(2)[None]}))
+        sock.close()
+    deadline = time.monotonic() + 10
+    while counts()[0].get("499", 0) - statuses0.get("499", 0) < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    text = httpx.get(f"{url}/metrics").text
+    assert _metric(text, r"^lu_requests_in_flight (\S+)") <= 2  # the holder and this scrape
+    answer = read_until_answered(holder)
+    holder.close()
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert httpx.post(f"{url}/slogdet", json={"A": [[2.0, 0.0], [0.0, 3.0]]}).status_code == 200
+    statuses, computed1 = counts()
+    assert statuses.get("499", 0) - statuses0.get("499", 0) == 6
+    assert statuses.get("200", 0) - statuses0.get("200", 0) == 1  # the live request after them
+    assert computed1 - computed0 == 1  # theirs were skipped
+    assert "Traceback" not in "".join(memory_server.log[before_log:])
+
+
+def read_until_answered(sock: socket.socket) -> bytes:
+    """One answer with a Content-Length, read whole (the connection stays open)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: (\d+)", head)[1])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
