@@ -99,7 +99,7 @@ class RequestMiddleware:
         flow = sink.cycle.flow if isinstance(sink, BodySink) else None  # the connection's, where it is known
 
         async def tagged_send(message: Message) -> None:
-            if flow is not None and sink.cycle.disconnected:
+            if flow is not None and (sink.cycle.disconnected or (sink.protocol is not None and sink.protocol.lost)):
                 # uvicorn drops what is sent after the client left, silently: the request is a 499, not a 200.
                 raise ClientDisconnect()
             if message["type"] == "http.response.start":

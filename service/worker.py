@@ -44,7 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 from starlette.requests import ClientDisconnect
@@ -54,7 +54,9 @@ from service.budget import Reservation
 from service.device import Compute, Device
 from service.errors import ServiceError, deadline_exceeded, unavailable
 from service.metrics import Metrics
-from service.protocol import BodySink
+
+if TYPE_CHECKING:
+    from service.protocol import BodySink
 
 __all__ = ["DeviceWorker"]
 
@@ -322,6 +324,11 @@ class DeviceWorker:
         if callable(item):
             item()
             return False
+        if item.future.done():  # its client left while it was queued: skipped, not gathered into a batch
+            self._taken += 1
+            metrics.queue_depth.set(self.depth)
+            _settle_all([], [item])
+            return False
         try:
             batch = gather(
                 item,
@@ -345,7 +352,11 @@ class DeviceWorker:
         flying: _InFlight | None = None
         whole = True  # computed whole here, not started in steps (Device.overlapped)
         try:
-            live = [job for job in batch if job.deadline is None or not self._expired(job, settled)]
+            live = [
+                job
+                for job in batch
+                if not job.future.done() and (job.deadline is None or not self._expired(job, settled))
+            ]
             whole = not live or not self.device.overlapped(live[0].compute, live[0].tensors)
             if not whole:
                 flying = self._start(live, settled)

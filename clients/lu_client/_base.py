@@ -17,7 +17,6 @@ import httpx
 import numpy as np
 
 from lu_client._codec import (
-    Answer,
     Encoded,
     Outputs,
     decode_response,
@@ -47,6 +46,8 @@ DEFAULT_MAX_ANSWER_BYTES = 4 << 30
 #: JSON text (a complex pair of 24-character numbers with its brackets and commas).
 ANSWER_SLACK = 1 << 20
 ANSWER_BYTES_PER_ELEMENT = {"binary": 16, "json": 64}
+#: The most bytes of a ``GET /v2`` answer read when looking the server's limits up.
+DISCOVERY_ANSWER_BYTES = 1 << 20
 #: Server limits below these are not believed (a split into one request per number helps no one).
 MIN_LIMITS = Limits(max_request_bytes=64 << 10, max_elements=1024)
 
@@ -207,17 +208,18 @@ class BaseClient:
         call = Call(f"/{op}", encoded, self._timeout(timeout))
         try:  # what this operation's answer can hold at most, from the shapes sent
             elements = output_elements(op, tensors)
-        except ValueError:
-            elements = None  # shapes the server refuses: its error answer is small
+        except (ValueError, IndexError):
+            elements = None  # shapes the server refuses (a B of one dimension for lu_solve): its error is small
         per = ANSWER_BYTES_PER_ELEMENT["binary" if self.binary else "json"]
         call.max_answer = self._answer_limit(ANSWER_SLACK + per * (elements or 0))
         return call
 
     def _answer_limit(self, need: int | None = None) -> int:
-        """The most bytes an answer may have: what the call ``need``s at most (else the default), and never
-        more than ``max_answer_bytes``."""
-        limit = DEFAULT_MAX_ANSWER_BYTES if need is None else need
-        return limit if self.max_answer_bytes is None else min(limit, self.max_answer_bytes)
+        """The most bytes an answer may have: what the call ``need``s at most, never more than
+        ``max_answer_bytes``; where the call cannot say, ``max_answer_bytes`` (else the default)."""
+        if need is None:
+            return DEFAULT_MAX_ANSWER_BYTES if self.max_answer_bytes is None else self.max_answer_bytes
+        return need if self.max_answer_bytes is None else min(need, self.max_answer_bytes)
 
     def _factorization_path(self, name: str, action: str = "") -> str:
         return f"/factorizations/{check_name(name)}{action}"  # the name's characters need no quoting
@@ -309,7 +311,7 @@ class BaseClient:
             body = loads(content, "the answer")
             if not isinstance(body, dict):
                 raise APIResponseValidationError(f"{call.path}: the answer is not a JSON object")
-            return Answer(body)
+            return body
         return None
 
     @staticmethod
@@ -393,15 +395,15 @@ def new_name() -> str:
 
 def stored_name(metadata: Mapping[str, Any]) -> str:
     """The name in a stored factorization's metadata, as the server answered it (checked)."""
-    name = metadata["name"]
-    if not isinstance(name, str) or NAME_PATTERN.fullmatch(name) is None:
+    name = metadata.get("name")
+    if not isinstance(name, str) or NAME_PATTERN.fullmatch(name) is None or name in (".", ".."):
         raise APIResponseValidationError(f"the server's answer names the factorization {str(name)[:60]!r}")
     return name
 
 
 def listed(answer: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The factorizations of a listing answer (a list of metadata objects)."""
-    items = answer["factorizations"]
+    items = answer.get("factorizations")
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise APIResponseValidationError("the server's listing of factorizations is not a list of objects")
     return items

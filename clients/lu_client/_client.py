@@ -10,6 +10,7 @@ import httpx
 import numpy as np
 
 from lu_client._base import (
+    DISCOVERY_ANSWER_BYTES,
     BaseClient,
     BodyBuffer,
     Call,
@@ -19,8 +20,8 @@ from lu_client._base import (
     stored_name,
     vector_rhs,
 )
-from lu_client._codec import to_numpy
-from lu_client._errors import APIConnectionError, APIStatusError, APITimeoutError
+from lu_client._codec import loads, to_numpy
+from lu_client._errors import APIConnectionError, APIStatusError, APITimeoutError, LUClientError
 from lu_client._factorization import RemoteFactorization
 from lu_client._split import split
 
@@ -205,9 +206,10 @@ class LUClient(BaseClient):
 
     def _discover_limits(self) -> None:
         try:
-            r = self._http.get(f"{self.base_url}/v2", headers=self._headers, timeout=30)
-            self._set_limits(r.json() if r.status_code == 200 else None)
-        except (httpx.HTTPError, ValueError, RecursionError):
+            with self._http.stream("GET", f"{self.base_url}/v2", headers=self._headers, timeout=30) as r:
+                content = _read(r, DISCOVERY_ANSWER_BYTES) if r.status_code == 200 else None
+            self._set_limits(None if content is None else loads(content, "the server's metadata"))
+        except (httpx.HTTPError, LUClientError):
             self._set_limits(None)
 
     def _send(self, call: Call) -> Any:

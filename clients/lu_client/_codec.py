@@ -20,7 +20,6 @@ from lu_client._errors import APIResponseValidationError
 
 __all__ = [
     "DATATYPES",
-    "Answer",
     "Encoded",
     "Outputs",
     "decode_response",
@@ -78,18 +77,13 @@ def to_numpy(value: Any, name: str) -> np.ndarray:
     return arr
 
 
-class Answer(dict):  # type: ignore[type-arg]
-    """A JSON object the server answered; a field the caller needs and the answer lacks is an
-    :class:`APIResponseValidationError`, not a ``KeyError``."""
+class Outputs(dict):  # type: ignore[type-arg]
+    """An answer's outputs by name. Indexing asks for an output that must be there: one the answer lacks,
+    or holds as null, is an :class:`APIResponseValidationError`, not a ``KeyError``; ``get`` gives ``None``
+    for both (the outputs a call may leave out: ``lu_unpack``'s)."""
 
     def __missing__(self, name: str) -> Any:
-        raise _bad(f"it has no {name!r}")
-
-
-class Outputs(Answer):
-    """An answer's outputs by name. Indexing asks for an output that must be there: one the answer lacks,
-    or holds as null, is an :class:`APIResponseValidationError`; ``get`` gives ``None`` for both (the
-    outputs a call may leave out: ``lu_unpack``'s)."""
+        raise _bad(f"it has no output {name!r}")
 
     def __getitem__(self, name: str) -> np.ndarray:
         value = super().__getitem__(name)
@@ -189,19 +183,40 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+#: The Python types a JSON tensor's numbers may have, by the kind of its dtype (a bool is not a number, a
+#: float not an integer, ``null`` nothing): NumPy's conversion would take them all, silently.
+_JSON_TYPES = {"f": {int, float}, "c": {int, float}, "i": {int}, "u": {int}, "b": {bool}}
+
+
 def _from_data(where: str, data: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """A JSON tensor's nested (or flat) ``data`` as an array of ``shape``; complex values come as pairs."""
-    real = np.dtype(np.float64) if dtype.kind == "c" else dtype
+    """A JSON tensor's nested (or flat) ``data`` as an array of ``shape``; complex values come as pairs.
+
+    Read as an array of the parsed objects first (no copy of any string), each checked to be a number
+    of the dtype's kind, or a non-finite spelling for a float: ``null``, booleans among floats, ``"1e3"``
+    or ``1.7`` for an integer are refused, not converted.
+    """
     try:
-        try:
-            arr = np.array(data, dtype=real)
-        except (ValueError, TypeError):
-            arr = np.array(_denan(data), dtype=real)  # the non-finite spellings
-    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
-        raise _bad(f"{where}: data is not an array of {dtype.name} numbers ({type(exc).__name__})") from None
+        objects = np.array(data, dtype=object)
+    except (ValueError, RecursionError) as exc:
+        raise _bad(f"{where}: data is not an array ({type(exc).__name__})") from None
     count = math.prod(shape)
-    if arr.size != count * (2 if dtype.kind == "c" else 1):
-        raise _bad(f"{where}: data holds {arr.size} numbers, not what shape {list(shape)} of {dtype.name} holds")
+    if objects.size != count * (2 if dtype.kind == "c" else 1):
+        raise _bad(f"{where}: data holds {objects.size} values, not what shape {list(shape)} of {dtype.name} holds")
+    allowed = _JSON_TYPES[dtype.kind]
+    types = {type(x) for x in objects.flat}
+    if str in types and dtype.kind in "fc":
+        spelled = {x for x in objects.flat if type(x) is str}
+        if not spelled <= _NONFINITE.keys():
+            raise _bad(f"{where}: data holds strings other than {sorted(_NONFINITE)}")
+        types.discard(str)
+        objects = np.array(_denan(objects.tolist()), dtype=object)
+    if not types <= allowed:
+        others = sorted(t.__name__ for t in types - allowed)
+        raise _bad(f"{where}: data holds {', '.join(others)} values, not {dtype.name} numbers")
+    try:
+        arr = objects.astype(np.float64 if dtype.kind == "c" else dtype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise _bad(f"{where}: data is not {dtype.name} numbers ({type(exc).__name__})") from None
     if dtype.kind == "c":
         out = np.empty(count, dtype)
         pairs = arr.reshape(-1, 2)
@@ -267,7 +282,7 @@ def decode_response(content: bytes | bytearray | memoryview, headers: Mapping[st
             raise _bad(f"the answer is a JSON {type(body).__name__}, not an object of tensors")
         return Outputs((k, None if v is None else from_json_tensor(v, k)) for k, v in body.items())
     size = len(content)
-    if not (length.isascii() and length.isdigit() and 0 < int(length) <= size):
+    if not (length.isascii() and length.isdigit() and len(length) <= 18 and 0 < int(length) <= size):
         raise _bad(f"Inference-Header-Content-Length {_shown(length)} is not a byte count within the {size}-byte body")
     hlen = int(length)
     view = memoryview(content)

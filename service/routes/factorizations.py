@@ -253,7 +253,8 @@ async def put_factorization(request: Request, name: str) -> Response:
             reservation=reservation_of(request.scope),
             job=("factorization_put", _factor_kept()),
             answer=False,
-            connection=connection_of(request),
+            # No connection watch: the factorization is the store's once computed, held by the store's
+            # reservation, which must outlive the job; a client that left is recorded 499 all the same.
         )
         LU, pivots = out["factors"].value
         entry = Entry(

@@ -127,6 +127,7 @@ BINARY_LIES = {
     "header length not a number": binary([det_output()], F64, hlen="abc"),
     "header length past the body": binary([det_output()], F64, hlen="100000"),
     "header length negative": binary([det_output()], F64, hlen="-5"),
+    "header length of 5000 digits": binary([det_output()], F64, hlen="1" * 5000),
     "negative dimension": binary([det_output(shape=[-1])], F64 + F64),
     "fractional dimension": binary([det_output(shape=[2.5])], F64),
     "boolean dimension": binary([det_output(shape=[True, 2])], F64),
@@ -158,6 +159,12 @@ JSON_LIES = {
         "outputs": [{"name": "det", "datatype": "FP8", "shape": [2], "data": [1, 2]}]
     },
     "an OIP answer whose outputs are not objects": {"outputs": [1]},
+    "a null among floats": {"det": {"dtype": "float64", "shape": [2], "data": [None, 1.0]}},
+    "null data": {"det": {"dtype": "float64", "shape": [], "data": None}},
+    "booleans among floats": {"det": {"dtype": "float64", "shape": [2], "data": [True, False]}},
+    "numbers as strings": {"det": {"dtype": "float64", "shape": [2], "data": ["1e3", "7"]}},
+    "a fraction for an integer": {"det": {"dtype": "int32", "shape": [1], "data": [1.7]}},
+    "a string for a boolean": {"det": {"dtype": "bool", "shape": [1], "data": ["abc"]}},
 }
 
 
@@ -399,3 +406,42 @@ def test_a_broadcast_batch_is_split_along_its_longest_axis():
         assert piece.tensors["A"].shape == (2, 1, 4, 4)  # whole: it broadcasts along the split axis
         assert piece.tensors["B"].shape[1] < 500
     assert sum(p.tensors["B"].shape[1] for p in pieces) == 500
+
+
+def test_a_refusal_of_a_one_dimensional_b_is_the_servers_422(serve):
+    """Shapes the server refuses reach it (their answer's bound is a small one), not a client IndexError."""
+    body = json.dumps({"error": "B must be a matrix", "code": "invalid_shape"}).encode()
+    server = serve(lambda _: http(422, body, {"Content-Type": "application/json"}))
+    for call in (
+        lambda c: c.lu_solve(np.eye(3), np.array([1, 2, 3], np.int32), np.ones(3)),
+        lambda c: c.det(np.ones(3)),
+    ):
+        for result in _run_both(server.url, call):
+            assert isinstance(result, lu_client.UnprocessableEntityError), result
+
+
+def test_metadata_is_a_plain_dict():
+    meta = {"name": "sys1", "shape": [2, 2], "dtype": "float64", "info": None}
+    client = LUClient(
+        "http://mock", http_client=httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(200, json=meta)))
+    )
+    got = client.factorization_metadata("sys1")
+    assert type(got) is dict and got == meta
+    with pytest.raises(KeyError):
+        got["missing"]
+
+
+def test_an_oversized_metadata_answer_leaves_the_limits_unknown():
+    sent: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path)
+        if request.url.path == "/v2":
+            return httpx.Response(
+                200, json={"limits": {"max_request_bytes": 1 << 20, "max_elements": 1 << 16}, "pad": "x" * (2 << 20)}
+            )
+        return httpx.Response(200, json={"det": {"dtype": "float64", "shape": [300_000], "data": [1.0] * 300_000}})
+
+    client = LUClient("http://mock", binary=False, http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+    assert client.det(np.ones((300_000, 2, 2))).shape == (300_000,)
+    assert sent == ["/v2", "/det"]  # the 2 MiB metadata was not believed: no split

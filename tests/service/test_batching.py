@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from starlette.requests import ClientDisconnect
 
 import lu_core
 from service.batcher import MERGEABLE
@@ -696,3 +697,47 @@ async def test_submit_interns_signatures_so_alike_jobs_share_one(monkeypatch):
     monkeypatch.setattr(worker_module, "_MAX_SIGNATURES", 2)
     await queued([6, 7, 8, 9])
     assert len(w._signatures) <= 2
+
+
+class _Connection:
+    """Stands in for a request's ``service.protocol.BodySink``: ``lose()`` is the client hanging up."""
+
+    def __init__(self) -> None:
+        self.callback = None
+
+    def on_lost(self, callback) -> None:
+        self.callback = callback
+
+    def lose(self) -> None:
+        if self.callback is not None:
+            self.callback()
+
+
+async def test_jobs_of_clients_that_left_are_skipped_even_first_in_a_batch(worker):
+    """The client of the queue's first job and of another one hang up while the worker is busy: their
+    requests fail at once with ClientDisconnect, and the batch computed is the two others alone."""
+    rng = np.random.default_rng(6)
+    options = dict(OPERATIONS["solve"].options)
+    jobs = [("solve", inputs_for("solve", (2,), 4, np.float64, rng), options) for _ in range(4)]
+    connections = [_Connection() for _ in jobs]
+    before = batch_calls(worker.metrics)
+    gate, holder = hold(worker)
+    futures = [
+        asyncio.ensure_future(worker.submit(n, OPERATIONS[n].compute, t, o, connection=c))
+        for (n, t, o), c in zip(jobs, connections, strict=True)
+    ]
+    await asyncio.sleep(0.05)
+    connections[0].lose()
+    connections[2].lose()
+    await asyncio.sleep(0)
+    assert futures[0].done() and futures[2].done()  # at once, while the worker is still held
+    gate.set()
+    results = await asyncio.gather(*futures, return_exceptions=True)
+    holder.join()
+    assert isinstance(results[0], ClientDisconnect) and isinstance(results[2], ClientDisconnect)
+    for i in (1, 3):
+        assert_bit_identical(results[i], OPERATIONS["solve"].compute(jobs[i][1], options))
+    after = batch_calls(worker.metrics)
+    assert after["lu_batch_size_sum"] - before.get("lu_batch_size_sum", 0) == 2  # one call, of the two live jobs
+    assert after["lu_batch_size_count"] - before.get("lu_batch_size_count", 0) == 1
+    assert all(c.callback is None for c in connections)  # every watch unset
