@@ -240,7 +240,7 @@ class AsyncLUClient(BaseClient):
                 )
                 response = await self._http.send(request, stream=True)
                 try:
-                    content = await _read(response, call.max_answer)
+                    content = await _read(response, self._answer_limit(call.max_answer))
                 finally:
                     await response.aclose()
             except httpx.TimeoutException as exc:

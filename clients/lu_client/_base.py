@@ -146,7 +146,7 @@ class Call:
     method: str = "POST"
     answer: str = "tensors"  # "tensors", "json" (an object such as metadata) or "empty"
     extra_headers: dict[str, str] = field(default_factory=dict)
-    max_answer: int = DEFAULT_MAX_ANSWER_BYTES  # the most bytes its answer may have
+    max_answer: int | None = None  # the bytes its answer can need at most, where known (BaseClient._answer_limit)
 
     @property
     def headers(self) -> dict[str, str]:
@@ -211,10 +211,10 @@ class BaseClient:
         except (ValueError, IndexError):
             elements = None  # shapes the server refuses (a B of one dimension for lu_solve): its error is small
         per = ANSWER_BYTES_PER_ELEMENT["binary" if self.binary else "json"]
-        call.max_answer = self._answer_limit(ANSWER_SLACK + per * (elements or 0))
+        call.max_answer = ANSWER_SLACK + per * (elements or 0)
         return call
 
-    def _answer_limit(self, need: int | None = None) -> int:
+    def _answer_limit(self, need: int | None) -> int:
         """The most bytes an answer may have: what the call ``need``s at most, never more than
         ``max_answer_bytes``; where the call cannot say, ``max_answer_bytes`` (else the default)."""
         if need is None:
@@ -234,24 +234,19 @@ class BaseClient:
         tensors = {"A": to_numpy(A, "A")}
         options = {"pivot": pivot}
         encoded = encode_binary(tensors, options) if self.binary else encode_json(tensors, options)
-        call = Call(self._factorization_path(name), encoded, self._timeout(timeout), "PUT", "json")
-        call.max_answer = self._answer_limit()
-        return self._named(call, name)
+        return self._named(Call(self._factorization_path(name), encoded, self._timeout(timeout), "PUT", "json"), name)
 
     def _stored_call(
         self, name: str, action: str, tensors: Mapping[str, Any], options: Mapping[str, Any], timeout: Any
     ) -> Call:
         arrays = {k: to_numpy(v, k) for k, v in tensors.items()}
         encoded = encode_binary(arrays, options) if self.binary else encode_json(arrays, options)
-        call = Call(self._factorization_path(name, action), encoded, self._timeout(timeout))
-        call.max_answer = self._answer_limit()
-        return self._named(call, name)
+        return self._named(Call(self._factorization_path(name, action), encoded, self._timeout(timeout)), name)
 
     def _bodyless_call(self, method: str, name: str | None, answer: str, timeout: Any) -> Call:
-        path = "/factorizations" if name is None else self._factorization_path(name)
-        call = Call(path, None, self._timeout(timeout), method, answer)
-        call.max_answer = self._answer_limit()
-        return call if name is None else self._named(call, name)
+        if name is None:
+            return Call("/factorizations", None, self._timeout(timeout), method, answer)
+        return self._named(Call(self._factorization_path(name), None, self._timeout(timeout), method, answer), name)
 
     def _timeout(self, timeout: Any) -> Any:
         return self.timeout if timeout is None else check_timeout(timeout)

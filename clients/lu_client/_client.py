@@ -226,7 +226,7 @@ class LUClient(BaseClient):
                 )
                 response = self._http.send(request, stream=True)
                 try:
-                    content = _read(response, call.max_answer)
+                    content = _read(response, self._answer_limit(call.max_answer))
                 finally:
                     response.close()
             except httpx.TimeoutException as exc:
