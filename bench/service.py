@@ -565,6 +565,24 @@ async def _grpc_concurrency(target: str, clients: int, seconds: float) -> dict:
     }
 
 
+def grpc_payload_bytes(wanted: int, env: dict[str, str]) -> int:
+    """The big gRPC case's tensor bytes: ``wanted``, or less where the server started with ``env`` takes no
+    message that large (its largest, ``service.grpc_server.max_message_bytes``, follows ``LU_MAX_INFLIGHT_BYTES``,
+    which defaults to a share of the machine's memory: about 126 MiB on a 24 GiB machine), with 1/16 to spare
+    for the message's framing."""
+    from service.grpc_server import max_message_bytes
+
+    largest = max_message_bytes(server_settings(env))
+    return min(wanted, largest - largest // 16)
+
+
+def server_settings(env: dict[str, str]) -> Any:
+    """The ``service.config.Settings`` of a server started with ``env`` (its ``LU_`` variables)."""
+    from service.config import Settings
+
+    return Settings(**{k[3:].lower(): v for k, v in env.items() if k.startswith("LU_")})
+
+
 def grpc_vs_http(url: str, target: str, nbytes: int, seconds: float, progress: Callable[[str], None]) -> list[dict]:
     """The small-request rate at 16 clients and one big ``lu_unpack``, over gRPC and over HTTP binary."""
     rows = []
@@ -577,7 +595,8 @@ def grpc_vs_http(url: str, target: str, nbytes: int, seconds: float, progress: C
         rows.append({"case": "8x8 solve, 16 clients", "protocol": name, **row})
 
     n = 64
-    LU = np.random.default_rng(2).standard_normal((nbytes // (8 * n * n), n, n))
+    batch = nbytes // (8 * n * n + 4 * n)  # LU and its pivots within nbytes
+    LU = np.random.default_rng(2).standard_normal((batch, n, n))
     piv = np.broadcast_to(np.arange(1, n + 1, dtype=np.int32), LU.shape[:-1]).copy()
     expected_out = 3 * LU.nbytes
     body, headers = binary_body({"LU": LU, "pivots": piv})
@@ -793,6 +812,7 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None], parts: t
     grpc_port = free_port()
     grpc_target = f"127.0.0.1:{grpc_port}"
     proc, url = start_server(LU_GRPC_PORT=str(grpc_port))
+    grpc_bytes = grpc_payload_bytes((4 if quick else 256) << 20, server_env(grpc_port, False, {}))
     try:
         device = httpx.get(f"{url}/readyz").json()["device"]["kind"]
         sizes = [64, 128] if quick else [256, 1024, 2048, 4096]
@@ -805,9 +825,7 @@ def run(quick: bool, out: Path | None, progress: Callable[[str], None], parts: t
         stored_sizes = [64, 128] if quick else [2048, 4096]
         stored_rows = stored_factorizations(url, stored_sizes, progress) if "stored" in parts else []
         grpc_rows = (
-            grpc_vs_http(url, grpc_target, (4 if quick else 256) << 20, 1.0 if quick else 5.0, progress)
-            if "grpc" in parts
-            else []
+            grpc_vs_http(url, grpc_target, grpc_bytes, 1.0 if quick else 5.0, progress) if "grpc" in parts else []
         )
     finally:
         stop_servers([(proc, url)])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from bench import __main__ as bench_main
@@ -156,3 +157,22 @@ def test_a_server_asked_for_the_cpu_gets_it_whatever_the_environment_says(monkey
     monkeypatch.delenv("LU_MAX_REQUEST_BYTES", raising=False)
     env = server_env(8000, True, {})
     assert env["LU_DEVICE"] == "auto" and env["LU_PORT"] == "8000" and "LU_MAX_REQUEST_BYTES" not in env
+
+
+def test_the_big_grpc_case_fits_the_largest_message_the_server_takes():
+    # On a 24 GiB machine the default LU_MAX_INFLIGHT_BYTES lets grpcio take ~126 MiB: the full service suite's
+    # 256 MiB lu_unpack was refused RESOURCE_EXHAUSTED and the suite stopped before writing its report.
+    from bench.service import _grpc_request, grpc_payload_bytes, server_env, server_settings
+    from service.grpc_server import max_message_bytes
+
+    for extra in ({}, {"LU_MAX_INFLIGHT_BYTES": str(256 << 20)}, {"LU_MAX_INFLIGHT_BYTES": str(64 << 30)}):
+        env = server_env(1, False, extra)
+        nbytes = grpc_payload_bytes(256 << 20, env)
+        largest = max_message_bytes(server_settings(env))
+        assert 0 < nbytes <= 256 << 20
+        n = 64
+        batch = nbytes // (8 * n * n + 4 * n)  # as grpc_vs_http builds it
+        LU = np.zeros((batch, n, n))
+        piv = np.ones((batch, n), dtype=np.int32)
+        assert _grpc_request("lu_unpack", {"LU": LU, "pivots": piv}).ByteSize() <= largest
+    assert grpc_payload_bytes(256 << 20, server_env(1, False, {"LU_MAX_INFLIGHT_BYTES": str(64 << 30)})) == 256 << 20
