@@ -21,7 +21,8 @@ Starts ``python -m service`` on loopback (as a user would) and measures, in one 
 * gRPC against HTTP binary, in the same run: 8x8 ``solve`` at 16 concurrent
   clients (``grpc.aio`` calls on one channel against 16 keep-alive HTTP/1.1
   connections to ``/v2/models/solve/infer``), and one 256 MiB ``lu_unpack``
-  (request; the answer is three times that) through each.
+  (request; the answer is three times that) through each, or less where the server's
+  gRPC port takes no message that large (``grpc_payload_bytes``).
 
 Client and server share the machine's cores, so on a small VM the client's own
 work is part of every number. Run: ``python -m bench.service [--quick] [--out DIR] [--only PART ...]``
@@ -811,8 +812,8 @@ def _bare_part(url: str, device: str, quick: bool, progress: Callable[[str], Non
 def run(quick: bool, out: Path | None, progress: Callable[[str], None], parts: tuple[str, ...] = PARTS) -> Path | None:
     grpc_port = free_port()
     grpc_target = f"127.0.0.1:{grpc_port}"
-    proc, url = start_server(LU_GRPC_PORT=str(grpc_port))
     grpc_bytes = grpc_payload_bytes((4 if quick else 256) << 20, server_env(grpc_port, False, {}))
+    proc, url = start_server(LU_GRPC_PORT=str(grpc_port))
     try:
         device = httpx.get(f"{url}/readyz").json()["device"]["kind"]
         sizes = [64, 128] if quick else [256, 1024, 2048, 4096]
