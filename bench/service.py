@@ -566,6 +566,11 @@ async def _grpc_concurrency(target: str, clients: int, seconds: float) -> dict:
     }
 
 
+#: The big gRPC case's matrices: n, and the bytes of one with its pivots.
+GRPC_N = 64
+GRPC_MATRIX_BYTES = 8 * GRPC_N * GRPC_N + 4 * GRPC_N
+
+
 def grpc_payload_bytes(wanted: int, env: dict[str, str]) -> int:
     """The big gRPC case's tensor bytes: ``wanted``, or less where the server started with ``env`` takes no
     message that large (its largest, ``service.grpc_server.max_message_bytes``, follows ``LU_MAX_INFLIGHT_BYTES``,
@@ -574,7 +579,13 @@ def grpc_payload_bytes(wanted: int, env: dict[str, str]) -> int:
     from service.grpc_server import max_message_bytes
 
     largest = max_message_bytes(server_settings(env))
-    return min(wanted, largest - largest // 16)
+    nbytes = min(wanted, largest - largest // 16)
+    if nbytes < GRPC_MATRIX_BYTES:
+        raise ValueError(
+            f"the server's gRPC port takes messages of at most {largest} bytes: too few for one {GRPC_N}x{GRPC_N} "
+            "float64 matrix; raise LU_MAX_INFLIGHT_BYTES (or LU_MAX_REQUEST_BYTES) or leave out the grpc part"
+        )
+    return nbytes
 
 
 def server_settings(env: dict[str, str]) -> Any:
@@ -595,8 +606,8 @@ def grpc_vs_http(url: str, target: str, nbytes: int, seconds: float, progress: C
         progress(f"8x8 solve, 16 clients, {name}: {row['req/s']:.0f} req/s, p50 {row['p50 ms']:.2f} ms")
         rows.append({"case": "8x8 solve, 16 clients", "protocol": name, **row})
 
-    n = 64
-    batch = nbytes // (8 * n * n + 4 * n)  # LU and its pivots within nbytes
+    n = GRPC_N
+    batch = nbytes // GRPC_MATRIX_BYTES  # LU and its pivots within nbytes
     LU = np.random.default_rng(2).standard_normal((batch, n, n))
     piv = np.broadcast_to(np.arange(1, n + 1, dtype=np.int32), LU.shape[:-1]).copy()
     expected_out = 3 * LU.nbytes

@@ -162,7 +162,7 @@ def test_a_server_asked_for_the_cpu_gets_it_whatever_the_environment_says(monkey
 def test_the_big_grpc_case_fits_the_largest_message_the_server_takes():
     # On a 24 GiB machine the default LU_MAX_INFLIGHT_BYTES lets grpcio take ~126 MiB: the full service suite's
     # 256 MiB lu_unpack was refused RESOURCE_EXHAUSTED and the suite stopped before writing its report.
-    from bench.service import _grpc_request, grpc_payload_bytes, server_env, server_settings
+    from bench.service import GRPC_MATRIX_BYTES, _grpc_request, grpc_payload_bytes, server_env, server_settings
     from service.grpc_server import max_message_bytes
 
     for extra in ({}, {"LU_MAX_INFLIGHT_BYTES": str(256 << 20)}, {"LU_MAX_INFLIGHT_BYTES": str(64 << 30)}):
@@ -171,8 +171,22 @@ def test_the_big_grpc_case_fits_the_largest_message_the_server_takes():
         largest = max_message_bytes(server_settings(env))
         assert 0 < nbytes <= 256 << 20
         n = 64
-        batch = nbytes // (8 * n * n + 4 * n)  # as grpc_vs_http builds it
+        batch = nbytes // GRPC_MATRIX_BYTES  # as grpc_vs_http builds it
         LU = np.zeros((batch, n, n))
         piv = np.ones((batch, n), dtype=np.int32)
         assert _grpc_request("lu_unpack", {"LU": LU, "pivots": piv}).ByteSize() <= largest
     assert grpc_payload_bytes(256 << 20, server_env(1, False, {"LU_MAX_INFLIGHT_BYTES": str(64 << 30)})) == 256 << 20
+
+
+def test_the_big_grpc_case_refuses_budgets_it_cannot_use():
+    import pydantic
+
+    from bench.service import grpc_payload_bytes, server_env
+
+    # Too small for one matrix: a clear error, not an empty case whose checks pass on nothing.
+    tiny = server_env(1, False, {"LU_MAX_INFLIGHT_BYTES": str(1 << 20), "LU_MAX_REQUEST_BYTES": "1000"})
+    with pytest.raises(ValueError, match="LU_MAX_INFLIGHT_BYTES"):
+        grpc_payload_bytes(256 << 20, tiny)
+    for bad in ("lots", "-1", "1e400"):  # malformed or out of range: the service's own settings refuse it
+        with pytest.raises(pydantic.ValidationError):
+            grpc_payload_bytes(256 << 20, server_env(1, False, {"LU_MAX_INFLIGHT_BYTES": bad}))
