@@ -364,7 +364,10 @@ async def test_the_rpcs_not_served_are_unimplemented_like_any_other_error(make_g
         "ModelConfig": lambda md: stub.ModelConfig(pb.ModelConfigRequest(name="solve"), metadata=md),
         "ModelStatistics": lambda md: stub.ModelStatistics(pb.ModelStatisticsRequest(name="solve"), metadata=md),
         "RepositoryIndex": lambda md: stub.RepositoryIndex(pb.RepositoryIndexRequest(), metadata=md),
-        "ModelStreamInfer": lambda md: stub.ModelStreamInfer(iter([pb.ModelInferRequest(model_name="det")]), metadata=md),
+        # The stream is opened and read, nothing written: the server refuses it at once, without reading, and
+        # a client message still being sent then loses grpcio's race (its send fails, and grpcio replaces
+        # the server's status by INTERNAL "Internal error from Core"; seen once in CI).
+        "ModelStreamInfer": lambda md: stub.ModelStreamInfer(metadata=md),
     }  # fmt: skip
     assert set(calls) <= set(UNSERVED)
     # Every RPC of the installed tritonclient's service is served here or refused through _serve (a newer
